@@ -1,0 +1,239 @@
+"""The algorithm plug-in interface and the registry.
+
+An algorithm is one class with a server side (run by the coordinator) and a client side (run by the
+client workers, one virtual client at a time). The engine owns everything else: sampling, broadcasting
+the weights once per round, dispatch, fault handling, the ordered weighted average, the server
+optimizer, evaluation, checkpoints.
+
+Federated round program (``program = "federated"``)::
+
+    payload = algo.broadcast(rnd, server_weights, state)          # coordinator: extras for clients
+    for each sampled client (on workers, in parallel):
+        upd = algo.local_update(ctx, payload)                     # ctx.model holds the broadcast weights
+    avg = sum_k a_k * upd_k.weights  (a_k = algo.client_weight(n_k) / sum, folded in sampled order)
+    new = server_opt.step(weights, avg)                          # FedAvgM, FedAdam, FedACG or identity
+    new, state = algo.after_aggregate(rnd, new, [upd_k.extras], state)   # e.g. FedDyn, FedCCL clustering
+
+The split program (SCALA and SplitFed) declares ``program = "split"`` and uses the hooks in
+``fedray.algorithms.split`` when it lands; the coordinator dispatches on ``program``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedray.config import ConfigError
+
+# Purposes of random draws: part of every generator key, so adding a draw never shifts another.
+PURPOSES = {"order": 0, "augment": 1, "dropout": 2, "algorithm": 3, "eval": 4, "sample": 5}
+
+
+@dataclass
+class ClientContext:
+    """Everything a client update may use. Built by the worker for one (round, client)."""
+
+    cid: int
+    rnd: int
+    seed: int
+    model: torch.nn.Module  # holds the broadcast weights on entry
+    flat: Any  # fedray.engine.weights.FlatParams bound to ``model``
+    global_weights: np.ndarray  # the broadcast weights (read-only view)
+    images: np.ndarray  # this client's images (zero-copy from its shard)
+    labels: np.ndarray
+    meta: Any  # DatasetMeta
+    train: Any  # TrainConfig
+    device: torch.device
+    normalize: bool
+    augment: Any = None  # fedray.data.loader.Augment or None
+    state: dict | None = None  # this client's persisted state (stateful algorithms), None at first visit
+    num_classes: int = 0
+    model_factory: Callable[[], torch.nn.Module] | None = None  # builds another replica (e.g. MOON's global copy)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.labels.shape[0])
+
+    def rng(self, purpose: str, *extra: int) -> np.random.Generator:
+        """numpy generator keyed by (seed, round, client, purpose[, extra]). ``order`` keeps the exact
+        key [seed, round, client] of the benchmark workload."""
+        if purpose == "order" and not extra:
+            return np.random.default_rng([self.seed, self.rnd, self.cid])
+        return np.random.default_rng([self.seed, self.rnd, self.cid, 1000 + PURPOSES[purpose], *extra])
+
+    def torch_generator(self, purpose: str, *extra: int) -> torch.Generator:
+        g = torch.Generator(device="cpu")
+        g.manual_seed(int(self.rng(purpose, *extra).integers(0, 2**63 - 1)))
+        return g
+
+    def lr(self) -> float:
+        return float(self.train.lr) * float(self.train.lr_decay) ** (self.rnd - 1)
+
+
+@dataclass
+class ClientUpdate:
+    """What a client returns. ``weights`` is the trained flat float32 vector."""
+
+    weights: np.ndarray
+    num_samples: int
+    loss: float
+    metrics: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)  # small per-client payloads for after_aggregate
+    state: dict | None = None  # new client state to persist (stateful algorithms)
+
+
+class Algorithm:
+    """Base class. Subclasses set ``name``, ``defaults`` and override the hooks they need."""
+
+    name: str = ""
+    program: str = "federated"
+    stateful_clients: bool = False
+    defaults: dict[str, Any] = {}
+    description: str = ""
+
+    def __init__(self, params: dict | None, cfg=None):
+        params = dict(params or {})
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            raise ConfigError(
+                f"algorithm.params.{unknown[0]}: unknown parameter for {self.name!r} "
+                f"(known: {', '.join(sorted(self.defaults)) or 'none'})"
+            )
+        self.params = {**self.defaults, **params}
+        self.cfg = cfg
+        self.validate()
+
+    def validate(self) -> None:
+        """Check ``self.params``; raise ConfigError('algorithm.params.x: ...')."""
+
+    def _require_nonneg(self, *names):
+        for n in names:
+            v = self.params[n]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"algorithm.params.{n}: must be a number >= 0, got {v!r}")
+
+    def _require_pos(self, *names):
+        for n in names:
+            v = self.params[n]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"algorithm.params.{n}: must be a number > 0, got {v!r}")
+
+    # ----------------------------------------------------------------- server side
+    def init_state(self, weights: np.ndarray) -> dict:
+        """Algorithm server state (numpy / python values only: it is checkpointed)."""
+        return {}
+
+    def broadcast(self, rnd: int, weights: np.ndarray, state: dict) -> dict:
+        """Extras sent to every client of the round next to the weights."""
+        return {}
+
+    def client_weight(self, num_samples: int) -> float:
+        """Unnormalised aggregation weight of a client (FedAvg: its sample count)."""
+        return float(num_samples)
+
+    def after_aggregate(self, rnd: int, weights: np.ndarray, extras: list[dict], state: dict) -> tuple[np.ndarray, dict]:
+        """Server-side work after averaging (FedDyn correction, FedCCL global clustering, ...)."""
+        return weights, state
+
+    # ----------------------------------------------------------------- client side
+    def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
+        loss = local_sgd(ctx, self.make_loss(ctx, payload))
+        return ClientUpdate(weights=ctx.flat.read(), num_samples=ctx.num_samples, loss=loss)
+
+    def make_loss(self, ctx: ClientContext, payload: dict) -> Callable:
+        """Return ``loss(model, x, y) -> scalar tensor`` for :func:`local_sgd`."""
+        return cross_entropy_loss
+
+
+def cross_entropy_loss(model, x, y):
+    return F.cross_entropy(model(x), y)
+
+
+def make_optimizer(ctx: ClientContext, params) -> torch.optim.Optimizer:
+    t = ctx.train
+    if t.optimizer == "adam":
+        return torch.optim.Adam(params, lr=ctx.lr(), weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=ctx.lr(), momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | None = None) -> float:
+    """The standard local training loop shared by every federated algorithm.
+
+    Epoch ``e`` visits the client's samples in the order of the e-th permutation drawn from
+    ``ctx.rng("order")`` (epoch 1 is exactly the benchmark workload's order), batches of
+    ``train.batch_size`` (last one smaller unless ``drop_last``), ``loss_fn(model, x, y)`` per batch,
+    optional gradient-norm clipping, one optimizer step. Returns the sample-weighted mean loss.
+    """
+    from fedray.data.loader import to_float
+
+    model = ctx.model
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(ctx, params)
+    t = ctx.train
+    n = ctx.num_samples
+    bs = int(t.batch_size)
+    order = ctx.rng("order")
+    gen = ctx.torch_generator("augment") if ctx.augment is not None else None
+    total, seen = 0.0, 0
+    images = ctx.images
+    labels = ctx.labels
+    for _epoch in range(int(t.local_epochs)):
+        perm = order.permutation(n)
+        stop = (n // bs) * bs if t.drop_last else n
+        for i in range(0, stop, bs):
+            idx = perm[i : i + bs]
+            xb = to_float(torch.from_numpy(images[idx]), ctx.meta, ctx.normalize)
+            yb = torch.from_numpy(labels[idx])
+            if ctx.augment is not None:
+                xb = ctx.augment(xb, gen)
+            if ctx.device.type != "cpu":
+                xb = xb.to(ctx.device, non_blocking=True)
+                yb = yb.to(ctx.device, non_blocking=True)
+            opt.zero_grad()
+            loss = loss_fn(model, xb, yb)
+            loss.backward()
+            if t.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(params, float(t.grad_clip))
+            opt.step()
+            if after_step is not None:
+                after_step()
+            b = int(yb.shape[0])
+            total += float(loss.detach()) * b
+            seen += b
+    return total / seen if seen else math.nan
+
+
+# ------------------------------------------------------------------------------- registry
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
+        raise ValueError(f"algorithm {cls.name!r} registered twice")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def build_algorithm(name: str, params: dict | None, cfg=None) -> Algorithm:
+    from fedray import algorithms  # noqa: F401  (imports every module so they register)
+
+    if name not in ALGORITHMS:
+        raise ConfigError(f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(sorted(ALGORITHMS))})")
+    return ALGORITHMS[name](params, cfg)
+
+
+class Timer:
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.t0

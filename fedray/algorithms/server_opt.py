@@ -1,0 +1,119 @@
+"""Server optimizers, composable with every federated algorithm.
+
+The engine computes the weighted average ``avg`` of the client models; a server optimizer turns the
+current global weights ``w`` and ``avg`` into the next global weights. The pseudo-gradient is
+``d = w - avg`` (the direction plain FedAvg would move).
+
+- ``none``: ``w' = avg`` exactly (bit-identical to FedAvg's average).
+- ``fedavgm`` (Hsu et al. 2019): ``m = beta*m + d``; ``w' = w - lr*m`` (momentum 0.4 in METHODS.md).
+- ``fedadam`` (Reddi et al. 2021): ``m = b1 m + (1-b1) d``, ``v = b2 v + (1-b2) d^2``,
+  ``w' = w - lr * m / (sqrt(v) + tau)`` with b1 0.9, b2 0.99, tau 1e-3, lr 0.01 (METHODS.md).
+- ``fedacg`` (Kim et al. 2024): the server broadcasts the look-ahead ``w + lam*m`` (lam 0.85) and
+  clients add a proximal term to it (the algorithm side reads ``payload["acg_beta"]``);
+  ``m = lam*m + (avg - w_lookahead)...`` see :class:`FedACG`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedray.config import ConfigError
+
+
+class ServerOptimizer:
+    name = "none"
+    defaults: dict = {}
+
+    def __init__(self, lr: float = 1.0, params: dict | None = None):
+        params = dict(params or {})
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            raise ConfigError(
+                f"server.params.{unknown[0]}: unknown parameter for server optimizer {self.name!r} "
+                f"(known: {', '.join(sorted(self.defaults)) or 'none'})"
+            )
+        self.lr = float(lr)
+        self.params = {**self.defaults, **params}
+        self.state: dict[str, np.ndarray] = {}
+
+    def broadcast_weights(self, w: np.ndarray) -> np.ndarray:
+        """Weights sent to clients (FedACG sends a look-ahead)."""
+        return w
+
+    def client_extras(self) -> dict:
+        return {}
+
+    def step(self, w: np.ndarray, avg: np.ndarray) -> np.ndarray:
+        return avg
+
+    def state_dict(self) -> dict:
+        return {k: v.copy() for k, v in self.state.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = {k: np.asarray(v, dtype=np.float32).copy() for k, v in state.items()}
+
+
+class FedAvgM(ServerOptimizer):
+    name = "fedavgm"
+    defaults = {"momentum": 0.4}
+
+    def step(self, w, avg):
+        d = w - avg
+        m = self.state.get("m")
+        m = d if m is None else np.float32(self.params["momentum"]) * m + d
+        self.state["m"] = m.astype(np.float32, copy=False)
+        return (w - np.float32(self.lr) * m).astype(np.float32, copy=False)
+
+
+class FedAdam(ServerOptimizer):
+    name = "fedadam"
+    defaults = {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+
+    def step(self, w, avg):
+        b1, b2, tau = (np.float32(self.params[k]) for k in ("beta1", "beta2", "tau"))
+        d = avg - w  # ascent direction, as in Reddi et al.
+        m = self.state.get("m", np.zeros_like(w))
+        v = self.state.get("v", np.zeros_like(w))
+        m = b1 * m + (np.float32(1) - b1) * d
+        v = b2 * v + (np.float32(1) - b2) * d * d
+        self.state["m"], self.state["v"] = m.astype(np.float32), v.astype(np.float32)
+        return (w + np.float32(self.lr) * m / (np.sqrt(v) + tau)).astype(np.float32, copy=False)
+
+
+class FedACG(ServerOptimizer):
+    """Accelerated client gradient (Kim et al., CVPR 2024).
+
+    Broadcast ``w_hat = w + lam * m``; clients train from ``w_hat`` with a proximal term
+    ``beta/2 ||theta - w_hat||^2``; then ``m = lam*m + (avg - w_hat)`` ... in the paper's form
+    ``Delta = avg - w_hat``, ``m' = lam * m + Delta`` and ``w' = w_hat + Delta`` (server lr 1)."""
+
+    name = "fedacg"
+    defaults = {"lam": 0.85, "beta": 1e-3}
+
+    def broadcast_weights(self, w):
+        m = self.state.get("m")
+        if m is None:
+            return w
+        return (w + np.float32(self.params["lam"]) * m).astype(np.float32, copy=False)
+
+    def client_extras(self):
+        return {"prox_mu": float(self.params["beta"])}
+
+    def step(self, w, avg):
+        w_hat = self.broadcast_weights(w)
+        delta = avg - w_hat
+        m = self.state.get("m")
+        m = delta if m is None else np.float32(self.params["lam"]) * m + delta
+        self.state["m"] = m.astype(np.float32, copy=False)
+        return (w_hat + np.float32(self.lr) * delta).astype(np.float32, copy=False)
+
+
+SERVER_OPTIMIZERS = {c.name: c for c in (ServerOptimizer, FedAvgM, FedAdam, FedACG)}
+
+
+def build_server_optimizer(name: str, lr: float = 1.0, params: dict | None = None) -> ServerOptimizer:
+    if name not in SERVER_OPTIMIZERS:
+        raise ConfigError(f"server.name: unknown server optimizer {name!r} (known: {', '.join(SERVER_OPTIMIZERS)})")
+    if lr <= 0:
+        raise ConfigError(f"server.lr: must be > 0, got {lr!r}")
+    return SERVER_OPTIMIZERS[name](lr, params)

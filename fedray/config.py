@@ -1,0 +1,381 @@
+"""Typed experiment configuration.
+
+An experiment is one YAML or TOML file (see ``jobs/configs/``) whose sections map onto the dataclasses
+below. ``load_config(path, overrides)`` reads it, applies ``a.b=c`` overrides (values parsed as YAML, so
+``train.lr=0.1``, ``data.partition.alpha=0.3``, ``algorithm.params.mu=1e-3``,
+``train.augment=[crop,flip]`` all work), validates everything before any work starts and raises
+:class:`ConfigError` naming the offending field. ``config_hash`` is a stable hash of the resolved
+config (minus fields that do not change results, such as the output directory or the number of
+workers) and names the run directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message starts with the dotted name of the field."""
+
+
+@dataclass
+class PartitionConfig:
+    name: str = "dirichlet"
+    num_clients: int = 100
+    seed: int | None = None  # defaults to the experiment seed
+    params: dict[str, Any] = field(default_factory=dict)  # e.g. {alpha: 0.3}
+
+
+@dataclass
+class DataConfig:
+    source: str = "mnist5k"
+    root: str | None = None  # directory of on-disk datasets; relative paths resolve against the config file
+    params: dict[str, Any] = field(default_factory=dict)  # source parameters
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    normalize: bool = True  # (x/255 - mean)/std with the dataset statistics
+    cache_dir: str | None = None  # where partitions (manifest + shards) live; default <output.root>/_partitions
+
+
+@dataclass
+class ModelConfig:
+    name: str = "fedavg_cnn"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "fedavg"
+    params: dict[str, Any] = field(default_factory=dict)  # method hyper-parameters (mu, lam, beta, tau, ...)
+
+
+@dataclass
+class ServerOptConfig:
+    name: str = "none"  # none (plain FedAvg average) | fedavgm | fedadam | fedacg
+    lr: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    rounds: int = 10
+    clients_per_round: int = 10
+    local_epochs: int = 1
+    batch_size: int = 10
+    optimizer: str = "sgd"  # sgd | adam
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_decay: float = 1.0  # per-round multiplicative decay of the client learning rate
+    grad_clip: float | None = None  # max gradient norm
+    augment: Any = None  # None | list of ops | dict (see fedray.data.loader.Augment.from_spec)
+    drop_last: bool = False
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1  # evaluate the global model every k rounds (and always at the last round)
+    batch_size: int = 500
+    ema: float = 0.9
+    analysis_every: int = 0  # feature-analysis metrics every k rounds (0 = never)
+
+
+@dataclass
+class EngineConfig:
+    backend: str = "ray"  # ray | local (in-process, no Ray)
+    num_workers: int | None = None  # client workers; default derived from the cluster's resources
+    worker_num_cpus: float = 1.0
+    worker_num_gpus: float | None = None  # e.g. 0.25; default 0 when no GPU, 1/workers_per_gpu otherwise
+    workers_per_gpu: int = 4
+    torch_threads: int = 1  # intra-op threads per worker
+    coordinator_num_cpus: float = 0.0
+    device: str = "auto"  # auto | cpu | cuda
+    max_client_retries: int = 2  # a client failing more often than this in a round is dropped
+    max_worker_restarts: int = 10  # per round, before the run fails
+    reorder_window: int | None = None  # results held for the ordered fold; default 2 * workers * chunk
+    chunk_size: int | None = None  # clients per worker task; default chosen from clients per round
+    over_selection: float = 0.0  # straggler handling: sample ceil((1+x)K) clients, keep the first K done
+    round_deadline_s: float | None = None  # straggler handling: aggregate what finished by the deadline
+    object_store_memory: int | None = None  # bytes, only when fedray starts a local Ray
+    fault_injection: dict[str, Any] = field(default_factory=dict)  # testing aid, see engine.faults
+
+
+@dataclass
+class OutputConfig:
+    root: str = "runs"
+    name: str | None = None  # run directory name; default <algorithm>-<config hash>
+    checkpoint_every: int = 5
+    keep_checkpoints: int = 2
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class ExperimentConfig:
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    server: ServerOptConfig = field(default_factory=ServerOptConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    source_path: str | None = None  # file the config was read from (not hashed)
+
+    # ---------------------------------------------------------------- helpers
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def partition_seed(self) -> int:
+        s = self.data.partition.seed
+        return self.seed if s is None else s
+
+
+# Fields that do not change the numbers a run produces: excluded from the hash.
+_HASH_EXCLUDE = {
+    "source_path",
+    "output",
+    "engine.backend",
+    "engine.num_workers",
+    "engine.worker_num_cpus",
+    "engine.worker_num_gpus",
+    "engine.workers_per_gpu",
+    "engine.coordinator_num_cpus",
+    "engine.reorder_window",
+    "engine.chunk_size",
+    "engine.object_store_memory",
+    "engine.fault_injection",
+    "engine.max_worker_restarts",
+    "data.cache_dir",
+}
+
+
+def _resolve_hints(cls):
+    return typing.get_type_hints(cls)
+
+
+def _check_type(path: str, value: Any, hint: Any) -> Any:
+    """Validate (and lightly coerce: int -> float) one value against a type hint."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _check_type(path, value, a)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{path}: invalid value {value!r}")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true/false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {type(value).__name__} {value!r}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)
+    return value
+
+
+def _build(cls, data: Any, prefix: str = ""):
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = _resolve_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        where = prefix or "config"
+        raise ConfigError(
+            f"{(prefix + '.' if prefix else '') + unknown[0]}: unknown field in {where} (known: {', '.join(sorted(names))})"
+        )
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            p = f"{prefix}.{f.name}" if prefix else f.name
+            kwargs[f.name] = _check_type(p, data[f.name], hints[f.name])
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected the form a.b=c")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r}: empty field name")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{key}: cannot parse override value {raw!r}: {e}") from None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = copy.deepcopy(data)
+    for ov in overrides or []:
+        path, value = parse_override(ov)
+        node = data
+        for i, part in enumerate(path[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"{'.'.join(path[: i + 1])}: is {nxt!r}, cannot set {'.'.join(path)}")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def read_config_file(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r}: cannot parse: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r}: the top level must be a mapping")
+    return data
+
+
+def from_dict(data: dict, *, source_path: str | None = None, validate: bool = True) -> ExperimentConfig:
+    data = dict(data)
+    data.pop("source_path", None)
+    cfg = _build(ExperimentConfig, data)
+    cfg.source_path = source_path
+    if validate:
+        validate_config(cfg)
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *, base: dict | None = None) -> ExperimentConfig:
+    """Read a YAML/TOML config (or start from ``base``), apply overrides, validate."""
+    data = read_config_file(path) if path is not None else dict(base or {})
+    data = apply_overrides(data, overrides or [])
+    cfg = from_dict(data, source_path=str(Path(path).resolve()) if path is not None else None)
+    if cfg.data.root is not None and path is not None and not os.path.isabs(os.path.expanduser(cfg.data.root)):
+        cand = (Path(path).resolve().parent / cfg.data.root)
+        if cand.exists():
+            cfg.data.root = str(cand)
+    return cfg
+
+
+def _positive(path: str, value, allow_zero=False):
+    if value is None:
+        return
+    if (value < 0) if allow_zero else (value <= 0):
+        raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def validate_config(cfg: ExperimentConfig) -> None:
+    """Checks that do not need the data or the registries loaded (those are checked in ``resolve``)."""
+    t = cfg.train
+    p = cfg.data.partition
+    _positive("train.rounds", t.rounds)
+    _positive("train.clients_per_round", t.clients_per_round)
+    _positive("train.local_epochs", t.local_epochs)
+    _positive("train.batch_size", t.batch_size)
+    _positive("train.lr", t.lr, allow_zero=True)
+    _positive("train.momentum", t.momentum, allow_zero=True)
+    _positive("train.weight_decay", t.weight_decay, allow_zero=True)
+    _positive("train.lr_decay", t.lr_decay)
+    _positive("train.grad_clip", t.grad_clip)
+    if t.optimizer not in ("sgd", "adam"):
+        raise ConfigError(f"train.optimizer: must be 'sgd' or 'adam', got {t.optimizer!r}")
+    _positive("data.partition.num_clients", p.num_clients)
+    if t.clients_per_round > p.num_clients:
+        raise ConfigError(
+            f"train.clients_per_round: {t.clients_per_round} clients per round but only "
+            f"data.partition.num_clients={p.num_clients} clients"
+        )
+    for k in ("alpha", "beta"):
+        if k in p.params and (not isinstance(p.params[k], (int, float)) or p.params[k] <= 0):
+            raise ConfigError(f"data.partition.params.{k}: must be > 0, got {p.params[k]!r}")
+    _positive("eval.every", cfg.eval.every)
+    if not 0 <= cfg.eval.ema < 1:
+        raise ConfigError(f"eval.ema: must be in [0, 1), got {cfg.eval.ema!r}")
+    e = cfg.engine
+    if e.backend not in ("ray", "local"):
+        raise ConfigError(f"engine.backend: must be 'ray' or 'local', got {e.backend!r}")
+    _positive("engine.num_workers", e.num_workers)
+    _positive("engine.worker_num_cpus", e.worker_num_cpus, allow_zero=True)
+    _positive("engine.worker_num_gpus", e.worker_num_gpus, allow_zero=True)
+    _positive("engine.workers_per_gpu", e.workers_per_gpu)
+    _positive("engine.torch_threads", e.torch_threads)
+    _positive("engine.chunk_size", e.chunk_size)
+    _positive("engine.reorder_window", e.reorder_window)
+    _positive("engine.over_selection", e.over_selection, allow_zero=True)
+    _positive("engine.round_deadline_s", e.round_deadline_s)
+    _positive("engine.max_client_retries", e.max_client_retries, allow_zero=True)
+    if e.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")
+    _positive("output.checkpoint_every", cfg.output.checkpoint_every, allow_zero=True)
+    _positive("output.keep_checkpoints", cfg.output.keep_checkpoints)
+
+
+def _hash_view(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        p = f"{prefix}.{k}" if prefix else k
+        if p in _HASH_EXCLUDE:
+            continue
+        out[k] = _hash_view(v, p) if isinstance(v, dict) and not p.endswith("params") else v
+    return out
+
+
+def config_hash(cfg: ExperimentConfig) -> str:
+    """Stable 12-hex-char hash of everything that changes the numbers of a run."""
+    view = _hash_view(cfg.to_dict())
+    blob = json.dumps(view, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    d = cfg.to_dict()
+    d.pop("source_path", None)
+    return yaml.safe_dump(d, sort_keys=False)

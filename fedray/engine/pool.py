@@ -1,0 +1,191 @@
+"""Worker pools: the same interface over Ray actors and over in-process workers.
+
+The coordinator only talks to a pool: ``put`` an object once per round, ``submit`` a chunk of
+clients to worker ``i``, ``wait`` for finished tasks, read a ``result`` (raising :class:`WorkerLost`
+when the worker process died), ``replace`` a dead worker, ``cancel`` unfinished tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedray.engine.worker import ClientWorker, WorkerSpec
+
+
+class WorkerLost(RuntimeError):
+    """The worker process running a task died (crash, kill, out of memory)."""
+
+
+@dataclass
+class _LocalHandle:
+    widx: int
+    value: object = None
+    error: BaseException | None = None
+
+
+class LocalPool:
+    """In-process workers (no Ray): tasks run synchronously at submit time. For debugging and tests."""
+
+    kind = "local"
+
+    def __init__(self, spec: WorkerSpec, num_workers: int):
+        self.spec = spec
+        self.workers = [ClientWorker(spec, f"w{i}") for i in range(num_workers)]
+        self.restarts = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def put(self, obj):
+        return obj
+
+    def submit(self, widx: int, *args) -> _LocalHandle:
+        h = _LocalHandle(widx)
+        try:
+            h.value = self.workers[widx].run_clients(*args)
+        except Exception as e:  # noqa: BLE001
+            h.error = e
+        return h
+
+    def wait(self, handles: list, timeout: float | None = None) -> list:
+        return list(handles)
+
+    def result(self, h: _LocalHandle):
+        if h.error is not None:
+            raise WorkerLost(f"in-process worker w{h.widx} failed: {h.error!r}") from h.error
+        return h.value
+
+    def replace(self, widx: int) -> None:
+        self.workers[widx] = ClientWorker(self.spec, f"w{widx}.{self.restarts + 1}")
+        self.restarts += 1
+
+    def cancel(self, handles: list) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        self.workers = []
+
+
+class RayPool:
+    """A fixed pool of ``ClientWorker`` actors with fractional CPU/GPU resources."""
+
+    kind = "ray"
+
+    def __init__(self, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float):
+        import ray
+
+        self.ray = ray
+        self.spec = spec
+        self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
+        self.actor_cls = ray.remote(ClientWorker).options(
+            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0
+        )
+        self.restarts = 0
+        self.workers = [self.actor_cls.remote(spec, f"w{i}") for i in range(num_workers)]
+        self._ready(self.workers)
+
+    def _ready(self, actors, timeout: float = 600.0):
+        refs = [a.ping.remote() for a in actors]
+        ready, pending = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if pending:
+            raise RuntimeError(
+                f"{len(pending)} of {len(refs)} client workers did not start within {timeout:.0f} s: the cluster "
+                f"may lack the requested resources (num_cpus={self.num_cpus}, num_gpus={self.num_gpus} per worker); "
+                f"available: {self.ray.available_resources()}"
+            )
+        self.ray.get(ready)
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def put(self, obj):
+        return self.ray.put(obj)
+
+    def submit(self, widx: int, *args):
+        return self.workers[widx].run_clients.remote(*args)
+
+    def wait(self, handles: list, timeout: float | None = None) -> list:
+        if not handles:
+            return []
+        ready, _ = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        if ready:
+            more, _ = self.ray.wait(handles, num_returns=len(handles), timeout=0)
+            ready = more or ready
+        return ready
+
+    def result(self, ref):
+        from ray import exceptions as rex
+
+        try:
+            return self.ray.get(ref)
+        except (rex.RayActorError, rex.WorkerCrashedError, rex.OutOfMemoryError, rex.ObjectLostError) as e:
+            raise WorkerLost(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
+        except rex.RayTaskError as e:  # an exception escaped run_clients itself (not a client)
+            raise WorkerLost(f"worker task failed: {str(e).splitlines()[0]}") from e
+
+    def replace(self, widx: int) -> None:
+        old = self.workers[widx]
+        try:
+            self.ray.kill(old, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+        self.restarts += 1
+        new = self.actor_cls.remote(self.spec, f"w{widx}.{self.restarts}")
+        self._ready([new])
+        self.workers[widx] = new
+
+    def cancel(self, handles: list) -> None:
+        for h in handles:
+            try:
+                self.ray.cancel(h)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            try:
+                self.ray.kill(w, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.workers = []
+
+
+def default_num_workers(cfg, clients_per_round: int) -> tuple[int, float, float]:
+    """(workers, cpus per worker, gpus per worker) from the config and the cluster's resources."""
+    e = cfg.engine
+    gpus_total = 0.0
+    cpus_total = 1.0
+    if e.backend == "ray":
+        import ray
+
+        res = ray.cluster_resources()
+        gpus_total = float(res.get("GPU", 0.0))
+        cpus_total = float(res.get("CPU", 1.0))
+    else:
+        try:
+            import torch
+
+            gpus_total = float(torch.cuda.device_count()) if e.device != "cpu" else 0.0
+        except Exception:  # noqa: BLE001
+            gpus_total = 0.0
+        import os
+
+        cpus_total = float(len(os.sched_getaffinity(0)))
+    if e.device == "cpu":
+        gpus_total = 0.0
+    num_gpus = e.worker_num_gpus
+    if num_gpus is None:
+        num_gpus = (1.0 / e.workers_per_gpu) if gpus_total > 0 else 0.0
+    num_cpus = float(e.worker_num_cpus)
+    if e.num_workers is not None:
+        n = int(e.num_workers)
+    elif num_gpus > 0:
+        n = int(gpus_total / num_gpus + 1e-9)
+    else:
+        n = int(cpus_total / max(num_cpus, 1e-9) + 1e-9) if num_cpus > 0 else int(cpus_total)
+    n = max(1, min(n, clients_per_round))
+    return n, num_cpus, float(num_gpus)
+

@@ -1,0 +1,159 @@
+"""`fedray report`: tables and PNG plots rebuilt from run directories (several runs side by side)."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+from fedray.reporting.rundir import RunDir, atomic_write_bytes, atomic_write_text
+
+
+def _label(rd: RunDir) -> str:
+    try:
+        import yaml
+
+        cfg = yaml.safe_load((rd.path / "config.yaml").read_text())
+        alg = cfg.get("algorithm", {}).get("name", "?")
+        part = cfg.get("data", {}).get("partition", {})
+        alpha = (part.get("params") or {}).get("alpha")
+        return f"{alg}" + (f" α={alpha}" if alpha is not None else "") + f" [{rd.path.name}]"
+    except Exception:  # noqa: BLE001
+        return rd.path.name
+
+
+def summarize(rd: RunDir) -> dict:
+    rows = rd.read_metrics()
+    evald = [r for r in rows if r.get("accuracy") is not None]
+    last5 = [r["accuracy"] for r in evald[-5:]]
+    out = {
+        "run": rd.path.name,
+        "label": _label(rd),
+        "rounds": rows[-1]["round"] if rows else 0,
+        "accuracy": evald[-1]["accuracy"] if evald else math.nan,
+        "ema_accuracy": evald[-1].get("ema_accuracy", math.nan) if evald else math.nan,
+        "best_accuracy": max((r["accuracy"] for r in evald), default=math.nan),
+        "mean_last5": sum(last5) / len(last5) if last5 else math.nan,
+        "mean_round_s": (sum(r.get("seconds_total", 0.0) for r in rows) / len(rows)) if rows else math.nan,
+        "failures": sum(int(r.get("failures", 0)) for r in rows),
+    }
+    if evald and evald[-1].get("domain_accuracy"):
+        out["domain_accuracy"] = evald[-1]["domain_accuracy"]
+        out["domain_mean_accuracy"] = evald[-1].get("domain_mean_accuracy")
+    return out
+
+
+def format_table(summaries: list[dict]) -> str:
+    cols = ["label", "rounds", "accuracy", "ema_accuracy", "mean_last5", "best_accuracy", "mean_round_s", "failures"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for s in summaries:
+        cells = []
+        for c in cols:
+            v = s.get(c)
+            cells.append(f"{v:.4f}" if isinstance(v, float) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    doms = [s for s in summaries if s.get("domain_accuracy")]
+    if doms:
+        names = sorted({d for s in doms for d in s["domain_accuracy"]})
+        lines += ["", "| run | " + " | ".join(names) + " | mean |", "|" + "---|" * (len(names) + 2)]
+        for s in doms:
+            da = s["domain_accuracy"]
+            lines.append(f"| {s['label']} | " + " | ".join(f"{da.get(n, math.nan):.4f}" for n in names)
+                         + f" | {s.get('domain_mean_accuracy', math.nan):.4f} |")
+    return "\n".join(lines)
+
+
+def _save_fig(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def plot_runs(run_dirs: list[RunDir], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    series = [(rd, rd.read_metrics()) for rd in run_dirs]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for rd, rows in series:
+        ev = [r for r in rows if r.get("accuracy") is not None]
+        axes[0].plot([r["round"] for r in ev], [r["accuracy"] for r in ev], label=_label(rd))
+        axes[1].plot([r["round"] for r in ev], [r.get("ema_accuracy") for r in ev], label=_label(rd))
+    axes[0].set_title("test accuracy")
+    axes[1].set_title("EMA-0.9 test accuracy")
+    for ax in axes:
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7)
+    _save_fig(fig, out_dir / "accuracy.png")
+    plt.close(fig)
+    written.append(out_dir / "accuracy.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for rd, rows in series:
+        ax.plot([r["round"] for r in rows], [r.get("loss") for r in rows], label=_label(rd))
+    ax.set_title("mean client training loss")
+    ax.set_xlabel("round")
+    ax.legend(fontsize=7)
+    _save_fig(fig, out_dir / "loss.png")
+    plt.close(fig)
+    written.append(out_dir / "loss.png")
+
+    # per-domain accuracy when present
+    dom_runs = [(rd, rows) for rd, rows in series if any(r.get("domain_accuracy") for r in rows)]
+    if dom_runs:
+        fig, axes = plt.subplots(1, len(dom_runs), figsize=(5.5 * len(dom_runs), 4), squeeze=False)
+        for ax, (rd, rows) in zip(axes[0], dom_runs):
+            ev = [r for r in rows if r.get("domain_accuracy")]
+            for name in sorted(ev[-1]["domain_accuracy"]):
+                ax.plot([r["round"] for r in ev], [r["domain_accuracy"].get(name) for r in ev], label=name)
+            ax.plot([r["round"] for r in ev], [r.get("domain_mean_accuracy") for r in ev], "k--", label="mean")
+            ax.set_title(_label(rd), fontsize=8)
+            ax.legend(fontsize=7)
+        _save_fig(fig, out_dir / "domain_accuracy.png")
+        plt.close(fig)
+        written.append(out_dir / "domain_accuracy.png")
+
+    # feature-analysis metrics when logged (effective rank, covariance traces, VCI)
+    ana_runs = [(rd, rows) for rd, rows in series if any(r.get("analysis") for r in rows)]
+    if ana_runs:
+        keys = sorted({k for _, rows in ana_runs for r in rows for k in (r.get("analysis") or {})})
+        fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.8), squeeze=False)
+        for ax, key in zip(axes[0], keys):
+            for rd, rows in ana_runs:
+                ev = [r for r in rows if (r.get("analysis") or {}).get(key) is not None]
+                ax.plot([r["round"] for r in ev], [r["analysis"][key] for r in ev], label=_label(rd))
+            ax.set_title(key)
+            ax.set_xlabel("round")
+        axes[0][-1].legend(fontsize=7)
+        _save_fig(fig, out_dir / "analysis.png")
+        plt.close(fig)
+        written.append(out_dir / "analysis.png")
+    return written
+
+
+def report(paths: list[str | Path], out: str | Path | None = None) -> tuple[str, list[Path]]:
+    run_dirs = []
+    for p in paths:
+        rd = RunDir(p)
+        if not rd.metrics_path.exists():
+            raise FileNotFoundError(f"{str(p)!r} is not a run directory with metrics.jsonl")
+        run_dirs.append(rd)
+    out_dir = Path(out) if out else (run_dirs[0].path / "report" if len(run_dirs) == 1 else Path("report"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize(rd) for rd in run_dirs]
+    table = format_table(summaries)
+    atomic_write_text(out_dir / "summary.md", table + "\n")
+    import csv
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[k for k in summaries[0] if k not in ("domain_accuracy",)], extrasaction="ignore")
+    w.writeheader()
+    for s in summaries:
+        w.writerow(s)
+    atomic_write_text(out_dir / "summary.csv", buf.getvalue())
+    pngs = plot_runs(run_dirs, out_dir)
+    return table, [out_dir / "summary.md", out_dir / "summary.csv", *pngs]

@@ -1,0 +1,192 @@
+"""The run directory and everything written into it.
+
+Layout of ``<output.root>/<name>/``::
+
+    config.yaml            resolved config (what --resume reads back)
+    run.json               config hash, partition hash, source fingerprint, versions, status
+    metrics.jsonl          one JSON object per round, appended (the driver is the only writer)
+    ledger/round-000001.parquet   per-client rows of each round (client, round, samples, loss, seconds,
+                           worker, failure, attempt), one file per round, written atomically
+    checkpoints/ckpt-000010.pkl   atomic (temp file + fsync + rename); ``latest`` names the newest
+    client_state/          per-client state of stateful algorithms (fedray.engine.state)
+    tb/                    TensorBoard event files
+    summary.json           final metrics and the weights hash (written at the end)
+    final_weights.npy      final global weights (flat float32)
+
+Every file is written either append-only (metrics.jsonl) or by write-to-temp-then-rename, so a crash
+at any moment leaves the previous version intact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        x = float(x)
+        return None if math.isnan(x) or math.isinf(x) else x
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    return x
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # --------------------------------------------------------------------------- basics
+    def create(self) -> "RunDir":
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "ledger").mkdir(exist_ok=True)
+        (self.path / "checkpoints").mkdir(exist_ok=True)
+        return self
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def state_path(self) -> Path:
+        return self.path / "client_state"
+
+    def write_json(self, name: str, obj) -> None:
+        atomic_write_text(self.path / name, json.dumps(_jsonable(obj), indent=2, sort_keys=True) + "\n")
+
+    def read_json(self, name: str) -> dict:
+        return json.loads((self.path / name).read_text())
+
+    # --------------------------------------------------------------------------- metrics
+    def append_metrics(self, row: dict) -> None:
+        line = json.dumps(_jsonable(row), sort_keys=True) + "\n"
+        with open(self.metrics_path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_metrics(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text().splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a torn last line from a crash: everything before it is intact
+        return rows
+
+    def truncate_metrics(self, last_round: int) -> None:
+        """On resume: keep the rows of rounds <= last_round (rewritten atomically)."""
+        rows = [r for r in self.read_metrics() if int(r.get("round", 0)) <= last_round]
+        atomic_write_text(self.metrics_path, "".join(json.dumps(_jsonable(r), sort_keys=True) + "\n" for r in rows))
+
+    def write_ledger(self, rnd: int, rows: list[dict]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.schema([
+            ("client", pa.int64()), ("round", pa.int64()), ("samples", pa.int64()), ("loss", pa.float64()),
+            ("seconds", pa.float64()), ("worker", pa.string()), ("failure", pa.string()), ("attempt", pa.int64()),
+        ])
+        table = pa.Table.from_pylist(rows, schema=schema)
+        path = self.path / "ledger" / f"round-{rnd:06d}.parquet"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+
+    def read_ledger(self):
+        import pyarrow.parquet as pq
+        import pyarrow as pa
+
+        files = sorted((self.path / "ledger").glob("round-*.parquet"))
+        if not files:
+            return None
+        return pa.concat_tables([pq.read_table(f) for f in files])
+
+    # --------------------------------------------------------------------------- checkpoints
+    def checkpoint_path(self, rnd: int) -> Path:
+        return self.path / "checkpoints" / f"ckpt-{rnd:06d}.pkl"
+
+    def save_checkpoint(self, state: dict, keep: int = 2) -> Path:
+        rnd = int(state["round"])
+        path = self.checkpoint_path(rnd)
+        atomic_write_bytes(path, pickle.dumps(state, protocol=5))
+        atomic_write_text(self.path / "checkpoints" / "latest", path.name + "\n")
+        ckpts = sorted((self.path / "checkpoints").glob("ckpt-*.pkl"))
+        for old in ckpts[:-keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def load_checkpoint(self) -> dict | None:
+        """The newest readable checkpoint (a damaged newest one falls back to the previous)."""
+        ckpts = sorted((self.path / "checkpoints").glob("ckpt-*.pkl"), reverse=True)
+        for p in ckpts:
+            try:
+                with open(p, "rb") as f:
+                    state = pickle.load(f)
+                if isinstance(state, dict) and "round" in state and "weights" in state:
+                    return state
+            except Exception:  # noqa: BLE001 - damaged: try the previous one
+                continue
+        return None
+
+
+class TensorBoardLogger:
+    """Scalars per round via torch.utils.tensorboard (needs the ``tensorboard`` package)."""
+
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir), flush_secs=10)
+
+    def log(self, row: dict) -> None:
+        step = int(row["round"])
+        for key in ("accuracy", "ema_accuracy", "loss", "test_loss", "domain_mean_accuracy", "seconds_total"):
+            v = row.get(key)
+            if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
+                self.writer.add_scalar(key, v, step)
+        for group in ("seconds", "domain_accuracy", "analysis"):
+            for k, v in (row.get(group) or {}).items():
+                if isinstance(v, (int, float)):
+                    self.writer.add_scalar(f"{group}/{k}", v, step)
+
+    def close(self) -> None:
+        self.writer.close()
