@@ -16,7 +16,7 @@ class WorkerLost(RuntimeError):
     """The worker process running a task died (crash, kill, out of memory)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _LocalHandle:
     widx: int
     value: object = None

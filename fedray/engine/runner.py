@@ -215,10 +215,12 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
                     marker.parent.mkdir(parents=True, exist_ok=True)
                     marker.write_text("1")
                     os._exit(17)  # testing aid: a hard crash of the driver before round `rnd`
+            t_round = time.perf_counter()
             report = call("run_round", rnd)
             ledger = report.pop("ledger")
             rd.write_ledger(rnd, ledger)
             report["failures"] = sum(1 for r in ledger if r["failure"])
+            report["wall_seconds"] = time.perf_counter() - t_round  # driver view: round trip + ledger write
             rd.append_metrics(report)
             result.rounds.append(report)
             if tb is not None:

@@ -21,8 +21,8 @@ def evaluate(model, images: np.ndarray, labels: np.ndarray, *, meta, normalize: 
     loss_sum = 0.0
     feats = []
     for i in range(0, n, batch_size):
-        xb = to_float(torch.from_numpy(np.ascontiguousarray(images[i : i + batch_size])), meta, normalize).to(device)
-        yb = torch.from_numpy(np.ascontiguousarray(labels[i : i + batch_size])).to(device)
+        xb = to_float(torch.from_numpy(np.array(images[i : i + batch_size])), meta, normalize).to(device)
+        yb = torch.from_numpy(np.array(labels[i : i + batch_size])).to(device)
         if return_features:
             logits, taps = model.forward_features(xb, taps=("embedding",))
             feats.append(taps["embedding"].reshape(len(yb), -1).cpu())

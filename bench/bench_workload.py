@@ -1,0 +1,163 @@
+"""Benchmark: fedray vs the plain-PyTorch sequential floor on W1 / W2 of shared/bench/WORKLOAD.md.
+
+Runs, in one invocation on the same machine: the floor with 1 and 2 torch threads, and fedray on a local
+Ray with 2 client workers (1 CPU, 1 torch thread each). Each implementation runs as its own process under
+``/usr/bin/time -v`` (whole-process wall and max RSS of the top process) while a sampler adds up the
+PSS and RSS of the whole process tree every 0.25 s (Ray's workers included). Prints a table with the
+ratios fedray / best floor. No assertions: figures only.
+
+    .venv/bin/python bench/bench_workload.py                 # W1 and W2, 1 repetition
+    .venv/bin/python bench/bench_workload.py --workloads W1 --reps 3 --json bench/out/w1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _tree(pid: int) -> list[int]:
+    out, stack = [], [pid]
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(children.get(p, []))
+    return out
+
+
+def _mem(pid: int) -> tuple[int, int]:
+    pss = rss = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+                elif line.startswith("Rss:"):
+                    rss = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return pss, rss
+
+
+class TreeSampler(threading.Thread):
+    """Peak summed PSS/RSS of a process tree, sampled every ``period`` seconds. Ray's raylet, GCS and
+    worker processes are started as children of the driver, so they are counted."""
+
+    def __init__(self, pid: int, period: float = 0.25):
+        super().__init__(daemon=True)
+        self.pid, self.period = pid, period
+        self.peak_pss = self.peak_rss = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            pss = rss = 0
+            for p in _tree(self.pid):
+                a, b = _mem(p)
+                pss += a
+                rss += b
+            self.peak_pss = max(self.peak_pss, pss)
+            self.peak_rss = max(self.peak_rss, rss)
+            self.stop.wait(self.period)
+
+
+def run_one(cmd: list[str]) -> dict:
+    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"), RAY_USAGE_STATS_ENABLED="0",
+               TQDM_DISABLE="1", PYTHONPATH=str(ROOT))
+    full = ["/usr/bin/time", "-v", *cmd]
+    proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    out, err = proc.communicate()
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    res = json.loads(out.strip().splitlines()[-1])
+    m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)", err)
+    if m:
+        h, mi, s = m.groups()
+        res["wall_s"] = int(h or 0) * 3600 + int(mi) * 60 + float(s)
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", err)
+    if m:
+        res["driver_max_rss_gb"] = int(m.group(1)) / 2**20
+    res["tree_peak_pss_gb"] = sampler.peak_pss / 2**30
+    res["tree_peak_rss_gb"] = sampler.peak_rss / 2**30
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", nargs="+", default=["W1", "W2"])
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--json", help="also write all raw figures here")
+    ap.add_argument("--skip-floor2", action="store_true", help="skip the 2-thread floor")
+    args = ap.parse_args(argv)
+    py = sys.executable
+    impls = {
+        "floor-1t": lambda w: [py, str(HERE / "workload_floor.py"), "--workload", w, "--threads", "1"],
+        "floor-2t": lambda w: [py, str(HERE / "workload_floor.py"), "--workload", w, "--threads", "2"],
+        "fedray-ray-2w": lambda w: [py, str(HERE / "workload_fedray.py"), "--workload", w, "--backend", "ray",
+                                    "--workers", "2"],
+    }
+    if args.skip_floor2:
+        impls.pop("floor-2t")
+    raw = []
+    for w in args.workloads:
+        for rep in range(args.reps):
+            for name, cmd in impls.items():  # interleaved, so drift hits every implementation alike
+                r = run_one(cmd(w))
+                r.update(impl=name, workload=w, rep=rep)
+                raw.append(r)
+                print(f"  {w} rep {rep} {name:14s} rounds {r['rounds_s']:.2f} s  wall {r.get('wall_s', 0):.1f} s  "
+                      f"acc {r['accuracy']:.3f}  hash {r['weights_hash']}", file=sys.stderr)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(raw, indent=1))
+    print()
+    hdr = (f"{'workload':8s} {'impl':14s} {'wall s':>7s} {'start s':>7s} {'rounds s':>8s} {'r1 s':>6s} "
+           f"{'r2..R s':>7s} {'PSS GB':>6s} {'acc':>6s} {'hash':>16s} {'rounds/best floor':>17s}")
+    print(hdr)
+    print("-" * len(hdr))
+    for w in args.workloads:
+        rows = {n: [r for r in raw if r["workload"] == w and r["impl"] == n] for n in impls}
+        med = {n: statistics.median(r["rounds_s"] for r in rs) for n, rs in rows.items()}
+        best_floor = min(v for n, v in med.items() if n.startswith("floor"))
+        for n, rs in rows.items():
+            r0 = rs[0]
+            wall = statistics.median(r.get("wall_s", float("nan")) for r in rs)
+            start = statistics.median(r["startup_s"] for r in rs)
+            r1 = statistics.median(r["round_s"][0] for r in rs)
+            steady = statistics.median(statistics.mean(r["round_s"][1:]) for r in rs)
+            pss = max(r["tree_peak_pss_gb"] for r in rs)
+            print(f"{w:8s} {n:14s} {wall:7.1f} {start:7.2f} {med[n]:8.2f} {r1:6.2f} {steady:7.3f} {pss:6.2f} "
+                  f"{r0['accuracy']:6.3f} {r0['weights_hash']:>16s} {med[n] / best_floor:17.2f}")
+        hashes = {n: {r["weights_hash"] for r in rs} for n, rs in rows.items()}
+        same = len({h for hs in hashes.values() for h in hs}) == 1
+        print(f"{w}: final weights identical across implementations (1-thread floor vs fedray): "
+              f"{hashes.get('floor-1t') == hashes.get('fedray-ray-2w')}; all: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""fedray on the benchmark workload of shared/bench/WORKLOAD.md (W1 / W2), one JSON line of figures.
+
+    python bench/workload_fedray.py --workload W1 [--backend ray|local] [--workers 2]
+
+Same data, partition, model, local training, sampling and FedAvg as the floor (bench/workload_floor.py);
+evaluation only after the last round; 2 client workers with 1 CPU and 1 torch thread each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+T0 = time.perf_counter()
+
+WORKLOADS = {"W1": (100, 10, 30), "W2": (500, 50, 10)}
+
+
+def config(workload: str, backend: str, workers: int, out: str, chunk: int | None = None) -> dict:
+    n, k, r = WORKLOADS[workload]
+    return {
+        "seed": 0,
+        "data": {"source": "mnist5k", "normalize": False,
+                 "partition": {"name": "dirichlet", "num_clients": n, "params": {"alpha": 0.3}}},
+        "model": {"name": "fedavg_cnn"},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": r, "clients_per_round": k, "batch_size": 10, "lr": 0.05},
+        "eval": {"every": r},
+        "engine": {"backend": backend, "num_workers": workers, "worker_num_cpus": 1, "torch_threads": 1,
+                   "chunk_size": chunk},
+        "output": {"root": out, "checkpoint_every": 0, "tensorboard": False, "progress": False},
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="W1")
+    ap.add_argument("--backend", choices=["ray", "local"], default="ray")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from fedray.config import from_dict
+    from fedray.engine.runner import run_experiment
+
+    out = args.out or tempfile.mkdtemp(prefix="fedray-bench-")
+    cfg = from_dict(config(args.workload, args.backend, args.workers, out, args.chunk))
+    t_call = time.perf_counter()
+    res = run_experiment(cfg, progress=False, log=lambda *a: print(*a, file=sys.stderr))
+    rounds = res.rounds
+    round_s = [r["wall_seconds"] - (r["seconds"]["eval"] if i == len(rounds) - 1 else 0.0)
+               for i, r in enumerate(rounds)]
+    print(json.dumps({
+        "impl": f"fedray-{args.backend}-{args.workers}w", "workload": args.workload,
+        # imports + data + partition + engine start (coordinator and workers ready), as WORKLOAD.md §8
+        "startup_s": (t_call - T0) + res.startup_seconds,
+        "rounds_s": float(sum(round_s)), "round_s": round_s, "accuracy": res.accuracy,
+        "weights_hash": res.weights_hash, "total_s": time.perf_counter() - T0,
+    }))
+
+
+if __name__ == "__main__":
+    main()
