@@ -154,7 +154,8 @@ class Coordinator:
         t0 = time.perf_counter()
         last = rnd == int(cfg.train.rounds)
         if rnd % int(cfg.eval.every) == 0 or last:
-            report.update(self.evaluate())
+            ana = int(cfg.eval.analysis_every)
+            report.update(self.evaluate(analysis=bool(ana) and (rnd % ana == 0 or last)))
             self.ema = _ema(self.ema, report["accuracy"], cfg.eval.ema)
             report["ema_accuracy"] = self.ema
         secs["eval"] = time.perf_counter() - t0
@@ -163,13 +164,20 @@ class Coordinator:
         report["ledger"] = agg["ledger"]
         return report
 
-    def evaluate(self) -> dict:
+    def evaluate(self, analysis: bool = False) -> dict:
+        """Accuracy (+ per domain) of the global model; with ``analysis`` also the FedRCL feature metrics
+        (covariance traces, effective rank, VCI) of its test-set embeddings."""
         from fedray.metrics import evaluate
 
         self.flat.load(self.weights)
-        return evaluate(self.model, self.test["images"], self.test["labels"], meta=self.meta,
-                        normalize=bool(self.cfg.data.normalize), batch_size=int(self.cfg.eval.batch_size),
-                        domains=self.test.get("domains"), device=self.device)
+        out = evaluate(self.model, self.test["images"], self.test["labels"], meta=self.meta,
+                       normalize=bool(self.cfg.data.normalize), batch_size=int(self.cfg.eval.batch_size),
+                       domains=self.test.get("domains"), device=self.device, return_features=analysis)
+        if analysis:
+            from fedray.metrics.analysis import feature_analysis
+
+            out["analysis"] = feature_analysis(out.pop("features"), self.test["labels"])
+        return out
 
     # ------------------------------------------------------------------------------- dispatch
     def _chunk_size(self, k: int) -> int:

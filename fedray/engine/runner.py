@@ -32,6 +32,7 @@ class RunResult:
     startup_seconds: float = 0.0
     rounds_seconds: float = 0.0
     interrupted: bool = False
+    stopped_early: bool = False
 
     @property
     def accuracy(self) -> float:
@@ -88,8 +89,12 @@ def _test_payload(bundle) -> dict:
 
 
 def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | None = None,
-                   progress: bool | None = None, log=print) -> RunResult:
-    """Run (or resume) one experiment to the end. Ctrl-C writes a checkpoint and returns early."""
+                   progress: bool | None = None, log=print, on_round=None) -> RunResult:
+    """Run (or resume) one experiment to the end. Ctrl-C writes a checkpoint and returns early.
+
+    ``on_round(report) -> bool | None`` is called after every round with that round's metrics row;
+    returning ``True`` stops the run there (after a checkpoint), e.g. when an Optuna pruner says so.
+    The result then has ``stopped_early = True``."""
     t_start = time.perf_counter()
     if resume is not None:
         rd = RunDir(resume)
@@ -234,13 +239,17 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
                 log(f"[fedray] round {rnd:4d}/{cfg.train.rounds}  "
                     f"acc {acc if acc is None else f'{acc:.4f}'}  loss {report['loss']:.4f}  "
                     f"{report['seconds_total']:.2f} s")
+            stop = bool(on_round(report)) if on_round is not None else False
             every = int(cfg.output.checkpoint_every)
-            if every and (rnd % every == 0 or rnd == int(cfg.train.rounds)):
+            if every and (rnd % every == 0 or rnd == int(cfg.train.rounds) or stop):
                 rd.save_checkpoint(call("state_dict"), keep=int(cfg.output.keep_checkpoints))
                 last_ckpt_round = rnd
                 from fedray.engine.state import ClientStateStore
 
                 ClientStateStore(state_path).prune(keep_from_round=rnd + 1)
+            if stop:
+                result.stopped_early = True
+                break
     except (KeyboardInterrupt, _Interrupted):
         result.interrupted = True
         done = result.rounds[-1]["round"] if result.rounds else 0
@@ -282,7 +291,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         }
         rd.write_json("summary.json", result.final)
     run = rd.read_json("run.json")
-    run["status"] = "interrupted" if result.interrupted else "finished"
+    run["status"] = "interrupted" if result.interrupted else ("stopped" if result.stopped_early else "finished")
     rd.write_json("run.json", run)
     log(f"[fedray] {'stopped' if result.interrupted else 'finished'}: accuracy {result.accuracy:.4f} | "
         f"weights {result.weights_hash} | outputs in {rd.path}")
