@@ -44,7 +44,8 @@ class Coordinator:
         self.sizes = np.asarray(self.store.sizes, dtype=np.int64)
         self.algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
         self.server_opt = build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
-        self.device = torch.device("cuda" if (cfg.engine.device == "cuda" and torch.cuda.is_available()) else "cpu")
+        self.device = torch.device("cuda" if (cfg.engine.device in ("auto", "cuda") and torch.cuda.is_available())
+                                   else "cpu")
         # initial global model: torch.manual_seed(seed) immediately followed by construction
         torch.manual_seed(int(cfg.seed))
         self.model = model_for_meta(cfg.model.name, self.meta, **cfg.model.params)
@@ -151,6 +152,13 @@ class Coordinator:
                 "upload": int(bw.nbytes) * agg["num_clients"],
             },
         }
+        round_metrics = getattr(self.algorithm, "round_metrics", None)  # optional hook (e.g. FedCCL signal bytes)
+        if round_metrics is not None:
+            for key, value in round_metrics(rnd, self.algo_state, len(sampled)).items():
+                if key == "bytes":
+                    report["bytes"].update(value)
+                else:
+                    report[key] = value
         t0 = time.perf_counter()
         last = rnd == int(cfg.train.rounds)
         if rnd % int(cfg.eval.every) == 0 or last:
@@ -158,6 +166,11 @@ class Coordinator:
             report.update(self.evaluate(analysis=bool(ana) and (rnd % ana == 0 or last)))
             self.ema = _ema(self.ema, report["accuracy"], cfg.eval.ema)
             report["ema_accuracy"] = self.ema
+        if cfg.eval.adversarial:
+            from fedray.metrics.robustness import robustness_due
+
+            if robustness_due(cfg.eval.adversarial, rnd, last):
+                report["robustness"] = self.robustness()
         secs["eval"] = time.perf_counter() - t0
         report["seconds"] = secs
         report["seconds_total"] = float(sum(secs.values()))
@@ -178,6 +191,15 @@ class Coordinator:
 
             out["analysis"] = feature_analysis(out.pop("features"), self.test["labels"])
         return out
+
+    def robustness(self) -> dict:
+        """Clean / FGSM / PGD accuracy of the global model under ``eval.adversarial`` (FedCCL Table 8)."""
+        from fedray.metrics.robustness import robustness_report
+
+        self.flat.load(self.weights)
+        return robustness_report(self.model, self.test["images"], self.test["labels"], self.cfg.eval.adversarial,
+                                 meta=self.meta, normalize=bool(self.cfg.data.normalize),
+                                 batch_size=int(self.cfg.eval.batch_size), device=self.device, seed=int(self.cfg.seed))
 
     # ------------------------------------------------------------------------------- dispatch
     def _chunk_size(self, k: int) -> int:

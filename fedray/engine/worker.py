@@ -61,7 +61,10 @@ class ClientWorker:
         cfg = from_dict(spec.config, validate=False)
         self.cfg = cfg
         torch.set_num_threads(int(cfg.engine.torch_threads))
-        self.device = torch.device(spec.device)
+        dev = spec.device
+        if dev == "auto":  # a (fractional) GPU was requested: use it when torch sees one, else the CPU
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(dev)
         if self.device.type == "cuda" and spec.gpu_fraction:
             torch.cuda.set_per_process_memory_fraction(min(1.0, float(spec.gpu_fraction)), self.device)
         self.store = PartitionStore.open(spec.partition_path)
@@ -112,6 +115,7 @@ class ClientWorker:
                     state=state,
                     num_classes=self.meta.num_classes,
                     model_factory=self._model_factory,
+                    prox_mu=float(payload.get("prox_mu") or 0.0),  # FedACG's client proximal term, any algorithm
                 )
                 upd = self.algorithm.local_update(ctx, payload)
                 if upd.state is not None and self.states is not None:

@@ -1,0 +1,212 @@
+"""Engine integration tests: training, bit-exact determinism, faults, resume, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedray.config import ConfigError, from_dict
+from fedray.engine.runner import run_experiment
+from fedray.reporting.rundir import RunDir
+from tests.conftest import ROOT, small_config
+
+
+def _run(cfg: dict, **kw):
+    return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None, **kw)
+
+
+# ------------------------------------------------------------------------------------ training
+@pytest.mark.ray
+def test_fedavg_trains_on_ray(tmp_path, partition_cache, ray_session):
+    cfg = small_config(tmp_path, partition_cache, engine__backend="ray", engine__num_workers=2,
+                       train__rounds=5, train__clients_per_round=10,
+                       data__partition={"name": "iid", "num_clients": 40, "params": {}})
+    res = _run(cfg)
+    assert res.accuracy > 0.4, res.rounds[-1]  # chance is 0.1 (5 rounds of FedAvg reach ~0.57)
+    assert res.rounds[-1]["accuracy"] > res.rounds[0]["accuracy"]
+    rows = RunDir(res.run_dir).read_metrics()
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+    for key in ("accuracy", "ema_accuracy", "loss", "seconds"):
+        assert key in rows[-1]
+    assert set(rows[-1]["seconds"]) == {"sample", "broadcast", "train", "aggregate", "eval"}
+    ledger = RunDir(res.run_dir).read_ledger()
+    assert ledger.num_rows == 50
+    assert set(ledger.column_names) >= {"client", "round", "samples", "loss", "seconds", "worker", "failure"}
+    summary = json.loads((res.run_dir / "summary.json").read_text())
+    assert summary["weights_hash"] == res.weights_hash
+
+
+# ------------------------------------------------------------------------------------ determinism
+def test_matches_plain_pytorch_reference_bit_for_bit(tmp_path, partition_cache):
+    """fedray's FedAvg reproduces the plain-PyTorch loop of shared/bench/WORKLOAD.md (W1, 3 rounds)."""
+    cfg = small_config(tmp_path, partition_cache, train__clients_per_round=10, eval__every=3)
+    res = _run(cfg)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "workload_floor.py"), "--workload", "W1",
+                          "--rounds", "3", "--threads", "1"], capture_output=True, text=True, check=True)
+    floor = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res.weights_hash == floor["weights_hash"]
+    assert res.accuracy == pytest.approx(floor["accuracy"])
+
+
+@pytest.mark.ray
+def test_bit_identical_across_workers_and_backends(tmp_path, partition_cache, ray_session):
+    hashes = {}
+    base = dict(train__rounds=2, train__clients_per_round=8, engine__chunk_size=1)
+    hashes["local"] = _run(small_config(tmp_path / "l", partition_cache, **base)).weights_hash
+    for n in (1, 2, 4):
+        cfg = small_config(tmp_path / f"r{n}", partition_cache, engine__backend="ray", engine__num_workers=n, **base)
+        hashes[f"ray{n}"] = _run(cfg).weights_hash
+    # a different chunking (several clients per worker task) must not change anything either
+    cfg = small_config(tmp_path / "c3", partition_cache, engine__backend="ray", engine__num_workers=2,
+                       **{**base, "engine__chunk_size": 3, "engine__reorder_window": 3})
+    hashes["ray2-chunk3"] = _run(cfg).weights_hash
+    assert len(set(hashes.values())) == 1, hashes
+
+
+# ------------------------------------------------------------------------------------ faults
+@pytest.mark.ray
+def test_worker_killed_mid_round_is_replaced_and_result_identical(tmp_path, partition_cache, ray_session):
+    base = dict(train__rounds=2, train__clients_per_round=6, engine__backend="ray", engine__num_workers=2)
+    clean = _run(small_config(tmp_path / "clean", partition_cache, **base))
+    sampled_r2 = [int(c) for c in np.random.default_rng([0, 2]).choice(100, size=6, replace=False)]
+    faulty = _run(small_config(tmp_path / "faulty", partition_cache, **base,
+                               engine__fault_injection={"kind": "exit", "round": 2, "client": sampled_r2[3],
+                                                        "times": 1}))
+    assert faulty.weights_hash == clean.weights_hash
+    r2 = faulty.rounds[1]
+    assert r2["worker_restarts"] >= 1 and r2["dropped"] == []
+    ledger = RunDir(faulty.run_dir).read_ledger().to_pylist()
+    lost = [r for r in ledger if r["failure"] and "worker lost" in r["failure"]]
+    assert lost and all(r["round"] == 2 for r in lost)
+
+
+@pytest.mark.ray
+def test_client_failing_repeatedly_is_dropped_and_recorded(tmp_path, partition_cache, ray_session):
+    sampled_r1 = [int(c) for c in np.random.default_rng([0, 1]).choice(100, size=6, replace=False)]
+    bad = sampled_r1[2]
+    cfg = small_config(tmp_path, partition_cache, train__rounds=2, engine__backend="ray", engine__num_workers=2,
+                       engine__max_client_retries=1,
+                       engine__fault_injection={"kind": "raise", "round": 1, "client": bad, "times": 5})
+    res = _run(cfg)
+    assert res.rounds[0]["dropped"] == [bad]
+    assert res.rounds[0]["num_clients"] == 5
+    assert len(res.rounds) == 2
+    ledger = RunDir(res.run_dir).read_ledger().to_pylist()
+    fails = [r for r in ledger if r["client"] == bad and r["round"] == 1]
+    assert len(fails) == 2 and all("injected fault" in r["failure"] for r in fails)
+
+
+@pytest.mark.ray
+def test_fractional_gpu_workers_schedule_on_fake_gpu(tmp_path, partition_cache, ray_session):
+    cfg = small_config(tmp_path, partition_cache, train__rounds=1, train__clients_per_round=4,
+                       engine__backend="ray", engine__num_workers=4, engine__worker_num_gpus=0.25,
+                       engine__worker_num_cpus=0.5)
+    res = _run(cfg)
+    assert res.rounds[0]["num_clients"] == 4
+    workers = {r["worker"] for r in RunDir(res.run_dir).read_ledger().to_pylist()}
+    assert len(workers) >= 2
+
+
+# ------------------------------------------------------------------------------------ resume
+def test_crash_and_resume_gives_identical_weights(tmp_path, partition_cache):
+    base = dict(train__rounds=4, output__checkpoint_every=2)
+    clean = _run(small_config(tmp_path / "clean", partition_cache, **base))
+    cfg = small_config(tmp_path / "crash", partition_cache, **base,
+                       engine__fault_injection={"kind": "driver_exit", "round": 4})
+    cfg_path = tmp_path / "crash.json"
+    cfg_path.write_text(json.dumps(cfg))
+    code = ("import json,sys; from fedray.config import from_dict; from fedray.engine.runner import run_experiment;"
+            f"run_experiment(from_dict(json.load(open({str(cfg_path)!r}))), progress=False)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 17, proc.stderr[-2000:]  # the driver died hard before round 4
+    run_dir = next((tmp_path / "crash" / "runs").iterdir())
+    assert [r["round"] for r in RunDir(run_dir).read_metrics()] == [1, 2, 3]
+    res = run_experiment(resume=run_dir, progress=False, log=lambda *a: None)
+    assert res.weights_hash == clean.weights_hash
+    assert [r["round"] for r in RunDir(run_dir).read_metrics()] == [1, 2, 3, 4]
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    rd = RunDir(tmp_path / "run").create()
+    rd.save_checkpoint({"round": 1, "weights": np.arange(4, dtype=np.float32)})
+    import fedray.reporting.rundir as rdmod
+
+    real = rdmod.os.replace
+
+    def crash(src, dst):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(rdmod.os, "replace", crash)
+    with pytest.raises(OSError):
+        rd.save_checkpoint({"round": 2, "weights": np.ones(4, dtype=np.float32)})
+    monkeypatch.setattr(rdmod.os, "replace", real)
+    st = rd.load_checkpoint()
+    assert st["round"] == 1 and np.array_equal(st["weights"], np.arange(4, dtype=np.float32))
+    assert not [p for p in (rd.path / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+    # a torn newest checkpoint falls back to the previous one
+    (rd.path / "checkpoints" / "ckpt-000003.pkl").write_bytes(pickle.dumps({"round": 3})[:5])
+    assert rd.load_checkpoint()["round"] == 1
+
+
+# ------------------------------------------------------------------------------------ config errors
+@pytest.mark.parametrize("over, field", [
+    ({"train__clients_per_round": 200}, "train.clients_per_round"),
+    ({"data__partition__params": {"alpha": 0}}, "data.partition.params.alpha"),
+    ({"train__lr": "fast"}, "train.lr"),
+    ({"train__bogus": 1}, "train.bogus"),
+    ({"engine__backend": "spark"}, "engine.backend"),
+])
+def test_bad_config_fails_before_any_work(tmp_path, partition_cache, over, field):
+    cfg = small_config(tmp_path, partition_cache, **over)
+    with pytest.raises(ConfigError) as e:
+        _run(cfg)
+    assert str(e.value).startswith(field), str(e.value)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"data__source": "imagenet-1k"}, "data.source"),
+    ({"model__name": "gpt5"}, "model.name"),
+    ({"algorithm__name": "fedmagic"}, "algorithm.name"),
+    ({"algorithm__name": "fedprox", "algorithm__params": {"mu": -1}}, "algorithm.params.mu"),
+    ({"server__name": "fedyogi"}, "server.name"),
+])
+def test_unknown_registry_names_fail_with_field(tmp_path, partition_cache, over, field):
+    with pytest.raises(ConfigError) as e:
+        _run(small_config(tmp_path, partition_cache, **over))
+    assert str(e.value).startswith(field), str(e.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_dataset_path_is_a_clear_error(tmp_path, partition_cache):
+    from fedray.data.table import DataError
+
+    cfg = small_config(tmp_path, partition_cache, data__source="cifar10", data__root=str(tmp_path / "nowhere"))
+    with pytest.raises(DataError) as e:
+        _run(cfg)
+    assert "nowhere" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------ CLI
+def test_cli_run_and_report(tmp_path, partition_cache):
+    from fedray.cli import main
+
+    cfg = small_config(tmp_path, partition_cache, train__rounds=2)
+    import yaml
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path), "train.clients_per_round=4", "-q"]) == 0
+    run_dir = next((tmp_path / "runs").iterdir())
+    rows = RunDir(run_dir).read_metrics()
+    assert len(rows) == 2 and rows[0]["num_clients"] == 4
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "accuracy.png").stat().st_size > 1000
+    assert "accuracy" in (tmp_path / "rep" / "summary.md").read_text()
+    assert main(["run", str(path), "train.rounds=zero"]) == 2
