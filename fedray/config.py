@@ -88,6 +88,8 @@ class EvalConfig:
     batch_size: int = 500
     ema: float = 0.9
     analysis_every: int = 0  # feature-analysis metrics every k rounds (0 = never)
+    # clean/FGSM/PGD accuracy, e.g. {eps: 0.3, pgd_steps: 20, every: 0}; empty = off (fedray.metrics.robustness)
+    adversarial: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -339,6 +341,10 @@ def validate_config(cfg: ExperimentConfig) -> None:
     _positive("eval.every", cfg.eval.every)
     if not 0 <= cfg.eval.ema < 1:
         raise ConfigError(f"eval.ema: must be in [0, 1), got {cfg.eval.ema!r}")
+    if cfg.eval.adversarial:
+        from fedray.metrics.robustness import validate_adversarial_spec
+
+        validate_adversarial_spec(cfg.eval.adversarial)
     e = cfg.engine
     if e.backend not in ("ray", "local"):
         raise ConfigError(f"engine.backend: must be 'ray' or 'local', got {e.backend!r}")
@@ -350,7 +356,7 @@ def validate_config(cfg: ExperimentConfig) -> None:
     _positive("engine.chunk_size", e.chunk_size)
     _positive("engine.reorder_window", e.reorder_window)
     _positive("engine.over_selection", e.over_selection, allow_zero=True)
-    _positive("engine.round_deadline_s", e.round_deadline_s)
+    _positive("engine.round_deadline_s", e.round_deadline_s, allow_zero=True)
     _positive("engine.max_client_retries", e.max_client_retries, allow_zero=True)
     if e.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")

@@ -210,3 +210,22 @@ def test_cli_run_and_report(tmp_path, partition_cache):
     assert (tmp_path / "rep" / "accuracy.png").stat().st_size > 1000
     assert "accuracy" in (tmp_path / "rep" / "summary.md").read_text()
     assert main(["run", str(path), "train.rounds=zero"]) == 2
+
+
+# ------------------------------------------------------------------------------------ stragglers
+def test_over_selection_keeps_the_first_k_finished(tmp_path, partition_cache):
+    cfg = small_config(tmp_path, partition_cache, train__rounds=1, train__clients_per_round=6,
+                       engine__over_selection=0.5)
+    res = _run(cfg)
+    r = res.rounds[0]
+    assert r["num_clients"] == 6 and r["stragglers_cancelled"] == 3
+
+
+@pytest.mark.ray
+def test_round_deadline_aggregates_what_finished(tmp_path, partition_cache, ray_session):
+    cfg = small_config(tmp_path, partition_cache, train__rounds=2, engine__backend="ray", engine__num_workers=2,
+                       engine__round_deadline_s=0.0)
+    res = _run(cfg)
+    # nothing can finish within a zero deadline: every client is cancelled, the model stays as it was
+    assert all(r["num_clients"] == 0 and r["stragglers_cancelled"] == 6 for r in res.rounds)
+    assert res.rounds[0]["accuracy"] == res.rounds[1]["accuracy"]

@@ -110,6 +110,10 @@ class Coordinator:
         return [int(c) for c in sampled if self.sizes[c] > 0]
 
     def run_round(self, rnd: int) -> dict:
+        if self.algorithm.program == "split":  # SCALA / SplitFed: fedray.engine.split
+            from fedray.engine.split import run_split_round
+
+            return run_split_round(self, rnd)
         cfg = self.cfg
         secs = {}
         t0 = time.perf_counter()
@@ -261,10 +265,9 @@ class Coordinator:
 
         def record(out, failure=None):
             ledger.append({
-                "client": out.cid if hasattr(out, "cid") else out[1], "round": rnd,
-                "samples": int(getattr(out, "num_samples", 0)), "loss": float(getattr(out, "loss", math.nan)),
-                "seconds": float(getattr(out, "seconds", 0.0)), "worker": getattr(out, "worker", ""),
-                "failure": failure, "attempt": attempts[out.cid if hasattr(out, "cid") else out[1]] + 1,
+                "client": out.cid, "round": rnd, "samples": int(out.num_samples), "loss": float(out.loss),
+                "seconds": float(out.seconds), "worker": out.worker, "failure": failure,
+                "attempt": attempts[out.cid] + 1,
             })
 
         def retry_or_drop(pos, cid, reason):
@@ -319,8 +322,9 @@ class Coordinator:
                         done_ok += 1
                 if not collect_all:
                     fold_ready()
+        # stragglers: clients still running (cancelled) or never started when the round closed
+        cancelled = sum(len(items) for _, items in inflight.values()) + sum(len(items) for _, items in queue)
         if inflight:
-            cancelled = sum(len(items) for _, items in inflight.values())
             self.pool.cancel(list(inflight))
         if collect_all:
             # straggler mode: keep the first `target` clients to finish (completion order, recorded in
