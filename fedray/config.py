@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -27,6 +28,25 @@ import yaml
 
 class ConfigError(ValueError):
     """Invalid configuration; the message starts with the dotted name of the field."""
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML loader that also reads ``1e-3`` as a float (plain PyYAML follows YAML 1.1 and returns the
+    string '1e-3' unless there is a dot), since hyper-parameters are usually written that way."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)
+                 |[-+]?(?:[0-9][0-9_]*)\.[0-9_]*
+                 |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                 |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str):
+    return yaml.load(text, Loader=_Loader)
 
 
 @dataclass
@@ -244,7 +264,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(f"override {text!r}: empty field name")
     try:
-        value = yaml.safe_load(raw) if raw.strip() != "" else ""
+        value = yaml_load(raw) if raw.strip() != "" else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"{key}: cannot parse override value {raw!r}: {e}") from None
     return key.split("."), value
@@ -275,7 +295,7 @@ def read_config_file(path: str | Path) -> dict:
         if p.suffix.lower() == ".toml":
             data = tomllib.loads(text)
         else:
-            data = yaml.safe_load(text)
+            data = yaml_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"config file {str(p)!r}: cannot parse: {e}") from None
     if data is None:
