@@ -9,10 +9,15 @@ is one ``numpy()`` copy, with no per-tensor Python work in the hot path. The ord
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+# Broadcast weights arrive as read-only numpy views of the object store; fedray only ever copies *from*
+# them (``FlatParams.load``), so torch's warning about non-writable arrays does not apply.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 @dataclass(frozen=True)
