@@ -44,8 +44,14 @@ def _env() -> dict:
 def head():
     temp = tempfile.mkdtemp(prefix="frj-", dir="/tmp")
     gcs, dash = _free_port(), _free_port()
+    # every port the head binds is chosen here: the test session's own Ray (conftest) already holds the
+    # defaults, e.g. the dashboard agent's 52365, and an agent that cannot bind leaves the job server
+    # without an agent (submissions then wait forever)
+    agent, agent_grpc, metrics, renv = _free_port(), _free_port(), _free_port(), _free_port()
     cmd = [str(VENV_BIN / "ray"), "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
+           f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
+           f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={renv}",
            f"--temp-dir={temp}", "--include-dashboard=true", "--disable-usage-stats"]
     out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -94,7 +100,7 @@ def _terminate_matching(text: str) -> None:
             pass
 
 
-def _ray_job(address: str, *args, timeout=600) -> subprocess.CompletedProcess:
+def _ray_job(address: str, *args, timeout=420) -> subprocess.CompletedProcess:
     cmd = [str(VENV_BIN / "ray"), "job", *args, "--address", address] if args[0] != "submit" else \
         [str(VENV_BIN / "ray"), "job", "submit", "--address", address, *args[1:]]
     deadline = time.time() + 300  # generous: the agent starts slowly on a loaded 2-core machine
