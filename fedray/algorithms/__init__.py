@@ -2,4 +2,7 @@
 
 from fedray.algorithms.base import ALGORITHMS, Algorithm, ClientContext, ClientUpdate, build_algorithm, register  # noqa: F401
 from fedray.algorithms import fedavg  # noqa: F401
+from fedray.algorithms import fedrcl, baselines  # noqa: F401  (FedRCL, FedSCL, FedCL; FitNet, MOON, FedLC, FedNTD, FedDecorr, FedMLB, FedProc, FedDyn)
+from fedray.algorithms import prototypes, fedccl  # noqa: F401  (FedProto, FPL, FedPCL, FedCCL, FedCCL+, FedAvg+)
+from fedray.algorithms import split, logit  # noqa: F401  (SCALA, SplitFed V1/V2/V3, SFL local loss; FedLogit, FedLA)
 from fedray.algorithms.server_opt import SERVER_OPTIMIZERS, build_server_optimizer  # noqa: F401

@@ -55,6 +55,9 @@ class ClientContext:
     state: dict | None = None  # this client's persisted state (stateful algorithms), None at first visit
     num_classes: int = 0
     model_factory: Callable[[], torch.nn.Module] | None = None  # builds another replica (e.g. MOON's global copy)
+    # client-side proximal weight set by the worker from ``payload["prox_mu"]`` (FedACG's beta): local_sgd adds
+    # prox_mu/2 * ||theta - theta_broadcast||^2 to every algorithm's loss (0 = off)
+    prox_mu: float = 0.0
 
     @property
     def num_samples(self) -> int:
@@ -96,6 +99,10 @@ class Algorithm:
     stateful_clients: bool = False
     defaults: dict[str, Any] = {}
     description: str = ""
+    # Multi-client execution (``engine.multi_client > 1``, fedray.engine.multiclient) trains several clients at
+    # once with stacked parameters, for local losses CE(model(x), y) + mu/2 ||w - w_broadcast||^2 only. A class
+    # opts in by setting this *itself*: it is not inherited, since subclasses usually change the loss.
+    supports_multi_client: bool = False
 
     def __init__(self, params: dict | None, cfg=None):
         params = dict(params or {})
@@ -150,6 +157,10 @@ class Algorithm:
         """Return ``loss(model, x, y) -> scalar tensor`` for :func:`local_sgd`."""
         return cross_entropy_loss
 
+    def multi_client_prox_mu(self, payload: dict) -> float:
+        """Proximal coefficient mu of the local loss under multi-client execution (FedProx: its ``mu``)."""
+        return 0.0
+
 
 def cross_entropy_loss(model, x, y):
     return F.cross_entropy(model(x), y)
@@ -176,6 +187,7 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(ctx, params)
+    prox = broadcast_proximal_term(ctx, params)
     t = ctx.train
     n = ctx.num_samples
     bs = int(t.batch_size)
@@ -198,6 +210,8 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
                 yb = yb.to(ctx.device, non_blocking=True)
             opt.zero_grad()
             loss = loss_fn(model, xb, yb)
+            if prox is not None:
+                loss = loss + prox()
             loss.backward()
             if t.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, float(t.grad_clip))
@@ -208,6 +222,47 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
             total += float(loss.detach()) * b
             seen += b
     return total / seen if seen else math.nan
+
+
+def param_anchors(ctx: ClientContext, vec: np.ndarray, params=None) -> list[torch.Tensor]:
+    """Views of a flat weight vector ``vec`` (same layout as ``ctx.flat``) shaped like the trainable
+    parameters ``params`` of ``ctx.model`` (default: all with ``requires_grad``), on ``ctx.device``.
+
+    Used for proximal anchors (the broadcast weights) and per-parameter client state (FedDyn)."""
+    vec = np.asarray(vec, dtype=np.float32)
+    if vec.shape != (ctx.flat.layout.size,):
+        raise ValueError(f"weight vector has shape {vec.shape}, the model's flat layout needs ({ctx.flat.layout.size},)")
+    if not vec.flags.writeable:  # zero-copy arrays from the object store are read-only
+        vec = vec.copy()
+    t = torch.from_numpy(vec).to(ctx.device)
+    by_name = {name: (off, n) for name, _, off, n in ctx.flat.layout.slices()}
+    name_of = {id(p): name for name, p in ctx.model.named_parameters()}
+    if params is None:
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
+    out = []
+    for p in params:  # in the caller's order
+        off, n = by_name[name_of[id(p)]]
+        out.append(t[off : off + n].view_as(p))
+    return out
+
+
+def broadcast_proximal_term(ctx: ClientContext, params) -> Callable[[], torch.Tensor] | None:
+    """FedACG's client-side term, generic for every algorithm that trains with :func:`local_sgd`:
+    ``prox_mu/2 * sum_k ||theta_k - theta_broadcast,k||^2`` over the trainable parameters (the anchor
+    is ``ctx.global_weights``, the weights the client received). None when ``ctx.prox_mu`` is 0."""
+    mu = float(ctx.prox_mu or 0.0)
+    if mu == 0.0:
+        return None
+    if not math.isfinite(mu) or mu < 0:
+        raise ValueError(f"prox_mu must be a finite number >= 0, got {ctx.prox_mu!r}")
+    params = list(params)
+    anchors = param_anchors(ctx, ctx.global_weights, params)
+
+    def term() -> torch.Tensor:
+        sq = torch.stack([(p - a).pow(2).sum() for p, a in zip(params, anchors)]).sum()
+        return 0.5 * mu * sq
+
+    return term
 
 
 # ------------------------------------------------------------------------------- registry

@@ -17,6 +17,7 @@ class FedAvg(Algorithm):
     client the same weight (FedRCL's setting with equal-sized clients)."""
 
     name = "fedavg"
+    supports_multi_client = True  # local loss: cross-entropy only (fedray.engine.multiclient)
     defaults = {"weighting": "samples"}
     description = "Federated averaging (cross-entropy, sample-weighted mean)"
 
@@ -33,12 +34,16 @@ class FedProx(FedAvg):
     """Li et al. 2020: local loss CE + mu/2 * ||theta - theta_global||^2 (METHODS.md: mu = 1e-3)."""
 
     name = "fedprox"
+    supports_multi_client = True  # cross-entropy + proximal term (fedray.engine.multiclient)
     defaults = {"mu": 1e-3, "weighting": "samples"}
     description = "FedAvg with a proximal term mu/2 ||w - w_global||^2"
 
     def validate(self):
         super().validate()
         self._require_nonneg("mu")
+
+    def multi_client_prox_mu(self, payload: dict) -> float:
+        return float(self.params["mu"])
 
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
         mu = float(self.params["mu"])

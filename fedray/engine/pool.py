@@ -48,6 +48,15 @@ class LocalPool:
             h.error = e
         return h
 
+    def submit_call(self, widx: int, method: str, *args) -> _LocalHandle:
+        """Run any ``ClientWorker`` method (e.g. the split program's ``split_step``) on worker ``widx``."""
+        h = _LocalHandle(widx)
+        try:
+            h.value = getattr(self.workers[widx], method)(*args)
+        except Exception as e:  # noqa: BLE001
+            h.error = e
+        return h
+
     def wait(self, handles: list, timeout: float | None = None) -> list:
         return list(handles)
 
@@ -106,6 +115,10 @@ class RayPool:
 
     def submit(self, widx: int, *args):
         return self.workers[widx].run_clients.remote(*args)
+
+    def submit_call(self, widx: int, method: str, *args):
+        """Call any ``ClientWorker`` method (e.g. the split program's ``split_step``) on actor ``widx``."""
+        return getattr(self.workers[widx], method).remote(*args)
 
     def wait(self, handles: list, timeout: float | None = None) -> list:
         if not handles:

@@ -116,6 +116,10 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         raise ConfigError(f"data.source: unknown source {cfg.data.source!r} (known: {', '.join(sorted(SOURCES))})")
 
     bundle, store = prepare_data(cfg)
+    if int(cfg.engine.multi_client) > 1:  # refuse unsupported algorithms / models before any engine work
+        from fedray.engine.multiclient import check_multi_client
+
+        check_multi_client(cfg, store.meta)
     if resume is None:
         rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
     rd.create()

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedray.engine.split import SplitClientMixin
+
 
 @dataclass
 class WorkerSpec:
@@ -46,7 +48,7 @@ class ClientOutcome:
     error: str | None = None
 
 
-class ClientWorker:
+class ClientWorker(SplitClientMixin):  # split-program methods: fedray.engine.split
     def __init__(self, spec: WorkerSpec, name: str = "w0"):
         from fedray.algorithms import build_algorithm
         from fedray.config import from_dict
@@ -84,11 +86,22 @@ class ClientWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def memory(self) -> dict:
+        """This process's resident memory now and at peak (VmHWM), in MB (NaN where /proc is missing)."""
+        from fedray.scaling import proc_memory_mb
+
+        rss, peak = proc_memory_mb(os.getpid())
+        return {"rss_mb": rss, "peak_mb": peak}
+
     # ---------------------------------------------------------------------------------------
     def run_clients(self, rnd: int, weights, payload: dict, chunk: list[tuple[int, int]]) -> list[ClientOutcome]:
         """Train each (position, client id) of ``chunk`` from ``weights``; one outcome per client."""
         from fedray.algorithms.base import ClientContext
 
+        if int(getattr(self.cfg.engine, "multi_client", 1)) > 1:  # groups of clients at once
+            from fedray.engine.multiclient import run_clients_grouped
+
+            return run_clients_grouped(self, rnd, weights, payload, chunk)
         weights = np.asarray(weights)
         out = []
         for pos, cid in chunk:

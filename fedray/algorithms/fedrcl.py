@@ -1,0 +1,172 @@
+"""FedRCL (Seo, Kim, Kim, Han — CVPR 2024) and its contrastive ablations FedSCL and FedCL (METHODS.md §1).
+
+All three train with :func:`fedray.algorithms.base.local_sgd` and aggregate like FedAvg (``weighting``:
+``samples`` by default, ``uniform`` for FedRCL's unweighted mean; the two coincide on balanced
+partitions). Feature levels are the model's feature taps: ``levels: all`` (default) uses every tap except
+``embedding`` — ``l1..l5`` on ``cnn_taps`` / ``resnet18_gn``, i.e. the stem and the four stages taken
+before their final ReLU — and ``levels: last`` (or ``[last]``) only the last of them (Table 4's
+last-layer ablation). A model whose only tap is ``embedding`` uses that one. Maps are
+global-average-pooled and L2-normalised inside the losses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fedray.algorithms.base import ClientContext, register
+from fedray.algorithms.fedavg import FedAvg
+from fedray.config import ConfigError
+from fedray.losses import RCL_VARIANTS, multilevel_relaxed_contrastive_loss, supcon_infonce_loss
+from fedray.models import pool_tap
+
+LEVELS = ("all", "last")
+
+
+def normalize_levels(value) -> str:
+    """``all`` | ``last`` (``[last]`` and ``[all]`` are accepted as in METHODS.md); ConfigError otherwise."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    if value not in LEVELS:
+        raise ConfigError(f"algorithm.params.levels: expected 'all' or 'last', got {value!r}")
+    return value
+
+
+def level_taps(model, levels: str) -> list[str]:
+    """The tap names scored at each level: every tap but ``embedding`` (``all``) or the last one (``last``)."""
+    taps = [t for t in getattr(model, "feature_taps", ()) if t != "embedding"]
+    if not taps:
+        if "embedding" not in getattr(model, "feature_taps", ()):
+            raise ValueError(f"model {type(model).__name__} has no feature taps; FedRCL-family losses need a FedModel")
+        taps = ["embedding"]
+    return taps if levels == "all" else taps[-1:]
+
+
+def _require_number(params: dict, name: str, lo: float | None = None, hi: float | None = None) -> None:
+    v = params[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        raise ConfigError(f"algorithm.params.{name}: must be a number, got {v!r}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ConfigError(f"algorithm.params.{name}: must lie in [{lo}, {hi}], got {v!r}")
+
+
+@register
+class FedRCL(FedAvg):
+    r"""FedRCL: cross-entropy plus the multi-level relaxed contrastive loss.
+
+    ``L = CE(z, y) + mean_l SCL_l + β·mean_l PEN_l`` over the feature levels l (see the module docstring),
+    with, per level and anchor i (cosine similarities s_ij of the pooled, L2-normalised features,
+    temperature τ), in the default ``variant: reference`` (the authors' released code):
+
+    * ``SCL_i = -log( e^{s_ip/τ} / (e^{s_ip/τ} + Σ_{n∈N2(i)} e^{s_in/τ}) )``, p the hardest positive (lowest
+      same-class similarity, i included), N2(i) the two hardest negatives;
+    * ``PEN_i = softplus((m_i - s_ii)/τ)`` when ``m_i = min_{j≠i, y_j=y_i} s_ij ≥ λ``, else 0;
+
+    and in ``variant: paper`` (Eq. 5 read literally) the mean-over-positives SupCon term plus
+    ``β·[log(Σ_{k∈P(i)} e^{s_ik/τ} + e^{1/τ}) - 1/τ]`` with ``P(i) = {k≠i: y_k=y_i, s_ik>λ}``.
+    Each term is a mean over all B anchors (:func:`fedray.losses.multilevel_relaxed_contrastive_loss`).
+    Defaults λ = 0.7, β = 1, τ = 0.05 (paper §5.1).
+    """
+
+    name = "fedrcl"
+    defaults = {"lam": 0.7, "beta": 1.0, "tau": 0.05, "variant": "reference", "levels": "all", "weighting": "samples"}
+    description = "FedRCL: CE + multi-level relaxed contrastive loss (SCL + beta * divergence penalty)"
+
+    def validate(self):
+        super().validate()
+        self._require_pos("tau")
+        self._require_nonneg("beta")
+        _require_number(self.params, "lam", -1.0, 1.0)
+        if self.params["variant"] not in RCL_VARIANTS:
+            raise ConfigError(f"algorithm.params.variant: expected one of {', '.join(RCL_VARIANTS)}, "
+                              f"got {self.params['variant']!r}")
+        self.params["levels"] = normalize_levels(self.params["levels"])
+
+    def make_loss(self, ctx: ClientContext, payload: dict):
+        taps = level_taps(ctx.model, self.params["levels"])
+        tau, lam, beta = float(self.params["tau"]), float(self.params["lam"]), float(self.params["beta"])
+        variant = self.params["variant"]
+
+        def loss_fn(model, x, y):
+            logits, feats = model.forward_features(x, taps)
+            scl, pen = multilevel_relaxed_contrastive_loss([feats[t] for t in taps], y, tau=tau, lam=lam,
+                                                           beta=beta, variant=variant)
+            loss = F.cross_entropy(logits, y) + scl
+            return loss + beta * pen if beta > 0 else loss
+
+        return loss_fn
+
+
+@register
+class FedSCL(FedRCL):
+    r"""FedSCL: FedRCL without the divergence penalty (β = 0), i.e. ``L = CE + mean_l SCL_l``.
+
+    The ablation of FedRCL's Table 3 ("a naïve supervised contrastive loss" at every level). ``beta`` and
+    ``lam`` are fixed (λ only selects penalty pairs, so it has no effect here) and are not parameters.
+    """
+
+    name = "fedscl"
+    defaults = {"tau": 0.05, "variant": "reference", "levels": "all", "weighting": "samples"}
+    description = "FedSCL: CE + multi-level supervised contrastive loss (FedRCL with beta = 0)"
+
+    def validate(self):
+        self.params["beta"] = 0.0
+        self.params["lam"] = 0.7
+        super().validate()
+
+
+@register
+class FedCL(FedAvg):
+    r"""FedCL: cross-entropy plus a self-supervised InfoNCE loss on two augmented views, at every level.
+
+    Each batch ``x`` (as delivered by the training loop, i.e. after ``train.augment`` when that is set) is
+    augmented twice more with ``view_augment`` (default: rotation 10°, crop with padding 4, horizontal
+    flip — FedRCL's train pipeline), drawing from the client's ``algorithm`` generator, giving views
+    ``v1, v2`` that go through the model as one batch of 2B. Then
+
+    ``L = CE([z(v1); z(v2)], [y; y]) + w · mean_l NT-Xent_l(v1, v2)``,
+
+    ``NT-Xent = (1/2B) Σ_i -log( e^{s_{i,a(i)}/τ} / Σ_{k≠i} e^{s_ik/τ} )`` over the 2B pooled, normalised
+    features (a(i) the other view of i, every other row a negative; CPC/SimCLR, FedRCL's reference [25]).
+    The paper compares it "employing multi-level contrastive training" with FedRCL's settings, so the
+    defaults are FedRCL's τ = 0.05 and weight w = 1 (the paper gives no other value: a documented choice).
+    """
+
+    name = "fedcl"
+    defaults = {"tau": 0.05, "weight": 1.0, "levels": "all", "view_augment": ["rotate", "crop", "flip"],
+                "weighting": "samples"}
+    description = "FedCL: CE + multi-level self-supervised InfoNCE between two augmented views"
+
+    def validate(self):
+        from fedray.data.loader import Augment
+        from fedray.data.table import DataError
+
+        super().validate()
+        self._require_pos("tau")
+        self._require_nonneg("weight")
+        self.params["levels"] = normalize_levels(self.params["levels"])
+        try:
+            aug = Augment.from_spec(self.params["view_augment"])
+        except DataError as e:
+            raise ConfigError(f"algorithm.params.view_augment: {e}") from None
+        if not aug.enabled:
+            raise ConfigError("algorithm.params.view_augment: must enable at least one of crop, flip, rotate "
+                              f"(two identical views make the InfoNCE loss trivial), got {self.params['view_augment']!r}")
+        self._views = aug
+
+    def make_loss(self, ctx: ClientContext, payload: dict):
+        taps = level_taps(ctx.model, self.params["levels"])
+        tau, w = float(self.params["tau"]), float(self.params["weight"])
+        gen = ctx.torch_generator("algorithm")
+        views = self._views
+
+        def loss_fn(model, x, y):
+            b = x.shape[0]
+            v = torch.cat([views(x, gen), views(x, gen)], dim=0)
+            logits, feats = model.forward_features(v, taps)
+            ce = F.cross_entropy(logits, torch.cat([y, y], dim=0))
+            ssl = torch.stack([supcon_infonce_loss(pool_tap(feats[t][:b]), pool_tap(feats[t][b:]), tau)
+                               for t in taps]).mean()
+            return ce + w * ssl
+
+        return loss_fn

@@ -1,0 +1,81 @@
+"""Federated logit-adjustment baselines of the SCALA paper (METHODS.md §3): FedLogit and FedLA.
+
+Both are FedAvg with a different local loss; both seed the torch RNG of their local training per
+(seed, round, client) (purpose ``dropout``), so models with dropout (``alexnet_split``) train the same
+way whatever worker runs the client and whatever it ran before: the result is reproducible bit for bit
+for any number of workers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedray.algorithms.base import ClientContext, ClientUpdate, register
+from fedray.algorithms.baselines import FedLC
+from fedray.algorithms.fedavg import FedAvg
+from fedray.config import ConfigError
+from fedray.losses import ZERO_MODES, label_prior, logit_adjusted_ce
+
+__all__ = ["FedLogit", "FedLA"]
+
+
+class _SeededLocalTraining:
+    """Mixin: run ``local_update`` with the torch RNG (dropout masks) seeded from
+    ``ctx.rng("dropout")``, restoring the worker's RNG state afterwards."""
+
+    def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
+        seed = int(ctx.rng("dropout").integers(0, 2**63 - 1))
+        devices = [ctx.device] if ctx.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return super().local_update(ctx, payload)
+
+
+@register
+class FedLogit(_SeededLocalTraining, FedAvg):
+    """FedLogit: FedAvg whose local loss is SCALA's client loss (Eq. 15),
+    ``mean_i CE(z_i + log P_k, y_i)``, P_k the client's label distribution.
+
+    ``prior: local`` (default) uses the client's whole local label distribution, ``batch`` the label
+    frequencies of the current minibatch. Zero frequencies: ``zero_mode: clamp`` (``log max(P, eps)``,
+    eps 1e-9) or ``exclude`` (class removed from the softmax), as in :func:`fedray.losses.logit_adjusted_ce`.
+    """
+
+    name = "fedlogit"
+    defaults = {"prior": "local", "zero_mode": "clamp", "eps": 1e-9, "weighting": "samples"}
+    description = "FedLogit: FedAvg with the logit-adjusted local loss CE(z + log P_k) (SCALA Eq. 15)"
+
+    def validate(self):
+        super().validate()
+        if self.params["prior"] not in ("local", "batch"):
+            raise ConfigError(f"algorithm.params.prior: must be 'local' or 'batch', got {self.params['prior']!r}")
+        if self.params["zero_mode"] not in ZERO_MODES:
+            raise ConfigError(f"algorithm.params.zero_mode: must be one of {list(ZERO_MODES)}, "
+                              f"got {self.params['zero_mode']!r}")
+        eps = self.params["eps"]
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ConfigError(f"algorithm.params.eps: must be a number in (0, 1), got {eps!r}")
+
+    def make_loss(self, ctx: ClientContext, payload: dict):
+        eps, zm = float(self.params["eps"]), self.params["zero_mode"]
+        if self.params["prior"] == "local":
+            prior = label_prior(torch.from_numpy(np.array(ctx.labels, dtype=np.int64)), int(ctx.num_classes)).to(ctx.device)
+
+            def loss_fn(model, x, y):
+                return logit_adjusted_ce(model(x), y, prior, eps=eps, zero_mode=zm)
+        else:
+            def loss_fn(model, x, y):
+                return logit_adjusted_ce(model(x), y, label_prior(y, int(ctx.num_classes)), eps=eps, zero_mode=zm)
+
+        return loss_fn
+
+
+@register
+class FedLA(_SeededLocalTraining, FedLC):
+    """FedLA, the SCALA paper's name for FedLC's logit calibration: an alias of ``fedlc``
+    (:class:`fedray.algorithms.baselines.FedLC`, same parameters and loss ``CE(z - tau * n_c^{-1/4})``),
+    with dropout seeded per (seed, round, client)."""
+
+    name = "fedla"
+    description = "FedLA (= FedLC logit calibration by local class counts), the SCALA paper's baseline"

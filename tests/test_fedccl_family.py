@@ -1,0 +1,322 @@
+"""FedCCL and its family (FedCCL ablations, FedCCL+, FedAvg+, FedProto, FPL, FedPCL) and the robustness metrics.
+
+The losses themselves are tested in test_losses.py and FINCH in test_finch.py; here: end-to-end runs on the
+local backend, determinism (and Ray == local once), first-round behaviour, missing classes, order
+independence of the coordinator's signals, signal byte accounting, FGSM/PGD accuracies and config errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.algorithms import ClientContext, build_algorithm
+from fedray.config import ConfigError, TrainConfig, from_dict
+from tests.conftest import small_config
+
+TINY_MODEL = {"name": "cnn4", "params": {"channels": [4, 8], "embed_dim": 16}}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cached_sources():
+    """Parse each data source once for this module (the runs differ only in algorithm and model)."""
+    import fedray.data.sources as sources
+
+    original, cache = sources.load_source, {}
+
+    def cached(name, root=None, **params):
+        key = (name, root, repr(sorted(params.items())))
+        if key not in cache:
+            cache[key] = original(name, root, **params)
+        return cache[key]
+
+    sources.load_source = cached
+    yield
+    sources.load_source = original
+
+
+def _cfg(tmp_path, partition_cache, alg, params=None, **over):
+    base = dict(
+        data__normalize=True,
+        data__partition={"name": "dirichlet", "num_clients": 10, "params": {"alpha": 0.05}},
+        model=TINY_MODEL,
+        algorithm={"name": alg, "params": params or {}},
+        train={"rounds": 2, "clients_per_round": 3, "batch_size": 64, "lr": 0.05},
+    )
+    base.update(over)
+    return small_config(tmp_path, partition_cache, **base)
+
+
+def _run(cfg):
+    from fedray.engine.runner import run_experiment
+
+    return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None)
+
+
+# ------------------------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize(
+    "alg,params",
+    [
+        ("fedccl", {}),
+        ("fedccl", {"signals": "local", "local_mode": "averaged"}),
+        ("fedccl", {"signals": "global", "global_mode": "averaged"}),
+        ("fedccl_plus", {"adv_steps": 2, "adv_eps": 0.1}),
+        ("fedavg_plus", {"adv": "fgsm", "adv_eps": 0.1}),
+        ("fedproto", {}),
+        ("fpl", {}),
+        ("fedpcl", {}),
+        ("fedpcl", "frozen"),  # FedPCL's own setting: frozen backbone, contrast on the MLP head's hidden layer
+    ],
+)
+def test_end_to_end_two_rounds(tmp_path, partition_cache, alg, params):
+    over = {}
+    if params == "frozen":
+        params = {}
+        over["model"] = {"name": "cnn_backbone_mlp", "params": {
+            "backbone": "cnn4", "backbone_options": {"channels": [4, 8], "embed_dim": 16}, "hidden": 16,
+            "freeze_backbone": True}}
+    res = _run(_cfg(tmp_path, partition_cache, alg, params, **over))
+    assert [r["round"] for r in res.rounds] == [1, 2]
+    for r in res.rounds:
+        assert np.isfinite(r["loss"]) and 0.0 <= r["accuracy"] <= 1.0
+        assert r["num_clients"] == 3
+    if alg != "fedavg_plus":  # every signal/prototype method reports its communication
+        r1, r2 = res.rounds
+        assert r1["bytes"]["signals_broadcast"] == 0 and r1["bytes"]["signals_upload"] > 0
+        assert r2["bytes"]["signals_broadcast"] > 0
+        assert r2["bytes_signals"] == r2["bytes"]["signals_broadcast"] + r2["bytes"]["signals_upload"]
+
+
+def test_fedccl_inter_domain_digits(tmp_path, partition_cache):
+    """One client per domain (FedCCL's inter-domain setting) with a backbone + MLP head: per-domain accuracy."""
+    cfg = _cfg(tmp_path, partition_cache, "fedccl", {},
+               data__source="digits-domains", data__params={"max_per_domain": 100},
+               data__partition={"name": "domain", "num_clients": 5,
+                                "params": {"clients_per_domain": 1, "balance": "imbalanced", "alpha": 0.5}},
+               model={"name": "cnn_backbone_mlp", "params": {
+                   "backbone": "cnn5", "backbone_options": {"channels": [4, 8], "hidden": 16, "embed_dim": 16},
+                   "hidden": 16}},
+               train={"rounds": 2, "clients_per_round": 5, "batch_size": 32, "optimizer": "adam", "lr": 0.001})
+    res = _run(cfg)
+    last = res.rounds[-1]
+    assert set(last["domain_accuracy"]) == {"mnist", "mnistm", "svhn-like", "digits", "inverted"}
+    assert last["num_signals"] > 0 and last["bytes"]["signals_broadcast"] > 0
+
+
+def test_fedccl_deterministic_and_ray_matches_local(tmp_path, partition_cache, ray_session):
+    cfg = _cfg(tmp_path, partition_cache, "fedccl", train={"rounds": 2, "clients_per_round": 4, "batch_size": 64,
+                                                           "lr": 0.05})
+    a = _run(cfg)
+    b = _run({**cfg, "output": {**cfg["output"], "root": str(tmp_path / "runs2")}})
+    assert a.weights_hash == b.weights_hash
+    ray_cfg = {**cfg, "engine": {"backend": "ray", "num_workers": 2},
+               "output": {**cfg["output"], "root": str(tmp_path / "runs_ray")}}
+    c = _run(ray_cfg)
+    assert c.weights_hash == a.weights_hash
+    assert [r["bytes_signals"] for r in c.rounds] == [r["bytes_signals"] for r in a.rounds]
+
+
+def test_adversarial_eval_hook_reports_clean_fgsm_pgd(tmp_path, partition_cache):
+    cfg = _cfg(tmp_path, partition_cache, "fedavg", {}, train={"rounds": 1, "clients_per_round": 2, "batch_size": 64,
+                                                                "lr": 0.05},
+               eval={"adversarial": {"eps": 0.1, "pgd_steps": 3, "max_samples": 200}})
+    rob = _run(cfg).rounds[-1]["robustness"]
+    assert rob["samples"] == 200 and rob["eps"] == 0.1
+    assert rob["pgd_accuracy"] <= rob["clean_accuracy"] and rob["fgsm_accuracy"] <= rob["clean_accuracy"]
+
+
+# ------------------------------------------------------------------------------------ client-side units
+def _toy_ctx(labels, rnd=2, cid=0, seed=0):
+    from fedray.data.table import DatasetMeta
+    from fedray.engine.weights import FlatParams
+    from fedray.models import build_model
+
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels, dtype=np.int64)
+    images = rng.integers(0, 256, size=(labels.size, 1, 28, 28), dtype=np.uint8)
+    images[np.arange(labels.size), 0, labels, :] = 255  # a class-dependent stripe: learnable
+    meta = DatasetMeta("toy", 10, (1, 28, 28), mean=(0.5,), std=(0.3,))
+    torch.manual_seed(0)
+    model = build_model("cnn4", in_channels=1, image_size=28, num_classes=10, channels=(4, 8), embed_dim=16)
+    flat = FlatParams(model)
+    return ClientContext(cid=cid, rnd=rnd, seed=0, model=model, flat=flat, global_weights=flat.read(), images=images,
+                         labels=labels, meta=meta, train=TrainConfig(batch_size=16, lr=0.05), device=torch.device("cpu"),
+                         normalize=True, num_classes=10)
+
+
+def _fake_extras(cids, dim=16, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for cid in cids:
+        classes = np.sort(rng.choice(10, size=4, replace=False))
+        labs = np.repeat(classes, rng.integers(1, 4, size=classes.size))
+        out.append({"cid": cid, "num_samples": 50, "signals": rng.normal(size=(labs.size, dim)).astype(np.float32),
+                    "signal_labels": labs.astype(np.int64)})
+    return out
+
+
+@pytest.mark.parametrize("alg", ["fedccl", "fedccl_plus", "fedproto", "fpl", "fedpcl"])
+def test_first_round_is_plain_cross_entropy(alg):
+    """With no signal/prototype yet the update equals FedAvg's (FedCCL+ equals FedAvg+)."""
+    labels = np.arange(48) % 5
+    ref_name = "fedavg_plus" if alg == "fedccl_plus" else "fedavg"
+    ref = build_algorithm(ref_name, {}).local_update(_toy_ctx(labels, rnd=1), {})
+    algo = build_algorithm(alg, {})
+    upd = algo.local_update(_toy_ctx(labels, rnd=1), algo.broadcast(1, None, algo.init_state(None)))
+    assert np.array_equal(upd.weights, ref.weights) and upd.loss == ref.loss
+
+
+def test_fedccl_client_with_missing_classes():
+    """A client holding classes {0, 1, 2} trains against signals of all ten classes and uploads only its own."""
+    algo = build_algorithm("fedccl", {})
+    state = algo.init_state(None)
+    _, state = algo.after_aggregate(1, None, _fake_extras([3, 4, 5]), state)
+    payload = algo.broadcast(2, None, state)
+    assert set(payload) == {"local_signals", "local_labels", "global_signals", "global_classes"}
+    ctx = _toy_ctx(np.arange(40) % 3)
+    upd = algo.local_update(ctx, payload)
+    fedavg = build_algorithm("fedavg", {}).local_update(_toy_ctx(np.arange(40) % 3), {})
+    assert np.isfinite(upd.loss) and not np.array_equal(upd.weights, fedavg.weights)  # the contrast acts
+    assert set(upd.extras["signal_labels"].tolist()) == {0, 1, 2}
+    assert upd.extras["signals"].shape == (upd.extras["signal_labels"].size, 16)
+
+
+def test_global_signals_independent_of_client_order_and_partial_participation():
+    algo = build_algorithm("fedccl", {})
+    extras = _fake_extras([7, 2, 9, 0, 5])
+    _, a = algo.after_aggregate(1, None, extras, algo.init_state(None))
+    _, b = algo.after_aggregate(1, None, [extras[i] for i in (3, 1, 4, 0, 2)], algo.init_state(None))
+    for key in ("local", "global"):
+        for arr in a[key]:
+            assert np.array_equal(a[key][arr], b[key][arr])
+    assert a["global"]["classes"].tolist() == sorted(set(np.concatenate([e["signal_labels"] for e in extras]).tolist()))
+    # partial participation: client 2 sends new signals, the others' latest ones are kept
+    new2 = _fake_extras([2], seed=1)
+    _, c = algo.after_aggregate(2, None, new2, a)
+    assert sorted(c["clients"]) == [0, 2, 5, 7, 9]
+    assert np.array_equal(c["clients"][2]["signals"], new2[0]["signals"])
+    assert np.array_equal(c["clients"][9]["signals"], a["clients"][9]["signals"])
+    # byte accounting: round 2 broadcast the round-1 collection, round 2's upload was client 2's signals
+    m = algo.round_metrics(2, c, num_sampled=3)
+    assert m["bytes"]["signals_upload"] == new2[0]["signals"].nbytes + new2[0]["signal_labels"].nbytes
+    assert m["bytes"]["signals_broadcast"] == 3 * algo.payload_nbytes(a)
+
+
+def test_global_signal_modes():
+    from fedray.algorithms.fedccl import global_signals
+
+    rng = np.random.default_rng(0)
+    sig = rng.normal(size=(30, 8)).astype(np.float32)
+    lab = np.repeat(np.arange(3), 10)
+    avg, cls = global_signals(sig, lab, "averaged")
+    assert cls.tolist() == [0, 1, 2] and np.allclose(avg[1], sig[10:20].mean(0), atol=1e-6)
+    clu, cls2 = global_signals(sig, lab, "clustered")
+    assert clu.shape == (3, 8) and cls2.tolist() == [0, 1, 2]
+    # two tight, far apart groups of unequal size: the clustered signal is the unweighted mean of FINCH's
+    # cluster means (Eq. 15), the averaged one the size-weighted mean of the rows (Eq. 12)
+    from fedray.cluster import finch_means
+
+    g = np.concatenate([np.tile([1.0, 0, 0], (6, 1)), np.tile([0, 1.0, 0], (2, 1))]).astype(np.float32)
+    g += rng.normal(scale=1e-3, size=g.shape).astype(np.float32)
+    clu, _ = global_signals(g, np.zeros(8, np.int64), "clustered")
+    means, _ = finch_means(g, "last")
+    assert means.shape[0] > 1 and np.allclose(clu[0], means.mean(0), atol=1e-6)
+    avg, _ = global_signals(g, np.zeros(8, np.int64), "averaged")
+    assert np.allclose(avg[0], [0.75, 0.25, 0], atol=1e-2) and clu[0][1] > avg[0][1] + 0.05
+
+
+# ------------------------------------------------------------------------------------------- robustness
+@pytest.fixture(scope="module")
+def trained_mlp():
+    import fedray.data.sources as sources
+    from fedray.data.loader import to_float
+    from fedray.models import build_model
+
+    bundle = sources.load_source("mnist5k")
+    meta = bundle.meta
+    xtr, ytr = np.asarray(bundle.train.images()), np.asarray(bundle.train.labels)
+    torch.manual_seed(0)
+    model = build_model("mlp", in_channels=1, image_size=28, num_classes=10, hidden=[64])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = to_float(torch.from_numpy(xtr), meta, True)
+    y = torch.from_numpy(ytr).long()
+    for _ in range(3):
+        for i in range(0, len(y), 64):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[i : i + 64]), y[i : i + 64]).backward()
+            opt.step()
+    return model, np.asarray(bundle.test.images()), np.asarray(bundle.test.labels), meta
+
+
+def test_fgsm_eps0_is_clean_and_pgd_le_fgsm_le_clean(trained_mlp):
+    from fedray.metrics import evaluate
+    from fedray.metrics.robustness import fgsm_accuracy, pgd_accuracy
+
+    model, xte, yte, meta = trained_mlp
+    clean = evaluate(model, xte, yte, meta=meta, normalize=True)["accuracy"]
+    assert clean > 0.8
+    assert fgsm_accuracy(model, xte, yte, 0.0, meta=meta, normalize=True) == clean
+    fgsm = fgsm_accuracy(model, xte, yte, 0.1, meta=meta, normalize=True)
+    pgd = pgd_accuracy(model, xte, yte, 0.1, steps=10, meta=meta, normalize=True)
+    assert pgd <= fgsm < clean
+    assert pgd_accuracy(model, xte, yte, 0.0, meta=meta, normalize=True) == clean
+
+
+def test_attacks_stay_in_the_pixel_eps_ball(trained_mlp):
+    from fedray.metrics.robustness import PixelSpace, fgsm_attack, pgd_attack
+
+    model, xte, yte, meta = trained_mlp
+    space = PixelSpace.from_meta(meta, normalize=True)
+    x = torch.from_numpy(xte[:64]).float() / 255.0
+    y = torch.from_numpy(yte[:64]).long()
+    assert torch.allclose(space.to_pixels(space.to_model(x)), x, atol=1e-6)
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.grad = None
+    for xa in (fgsm_attack(model, x, y, 0.2, space),
+               pgd_attack(model, x, y, 0.2, steps=5, random_start=True, generator=gen, space=space)):
+        assert float((xa - x).abs().max()) <= 0.2 + 1e-6
+        assert float(xa.min()) >= 0.0 and float(xa.max()) <= 1.0
+    assert all(p.grad is None for p in model.parameters())  # attacks leave parameter gradients alone
+
+
+# ------------------------------------------------------------------------------------------ config errors
+@pytest.mark.parametrize(
+    "alg,params,field",
+    [
+        ("fedccl", {"signals": "neither"}, "signals"),
+        ("fedccl", {"local_mode": "kmeans"}, "local_mode"),
+        ("fedccl", {"global_mode": 3}, "global_mode"),
+        ("fedccl", {"tau": 0}, "tau"),
+        ("fedccl", {"w_local": -1}, "w_local"),
+        ("fedccl", {"adv_eps": 0.1}, "adv_eps"),  # adversarial params belong to fedccl_plus only
+        ("fedccl_plus", {"adv": "cw"}, "adv"),
+        ("fedccl_plus", {"adv_steps": 0}, "adv_steps"),
+        ("fedavg_plus", {"adv_eps": -0.1}, "adv_eps"),
+        ("fedavg_plus", {"adv_random_start": "yes"}, "adv_random_start"),
+        ("fedproto", {"mu": -1}, "mu"),
+        ("fpl", {"tau": -0.02}, "tau"),
+        ("fedpcl", {"set_reduction": "max"}, "set_reduction"),
+        ("fedpcl", {"ce_weight": "1"}, "ce_weight"),
+    ],
+)
+def test_config_errors_name_the_parameter(alg, params, field):
+    with pytest.raises(ConfigError, match=rf"algorithm\.params\.{field}\b"):
+        build_algorithm(alg, params)
+
+
+@pytest.mark.parametrize(
+    "spec,field",
+    [({"eps": -1}, "eps"), ({"pgd_steps": 0}, "pgd_steps"), ({"radius": 0.1}, "radius"), ({"every": 1.5}, "every")],
+)
+def test_adversarial_eval_config_errors(tmp_path, partition_cache, spec, field):
+    cfg = small_config(tmp_path, partition_cache, eval={"adversarial": spec})
+    with pytest.raises(ConfigError, match=rf"eval\.adversarial\.{field}\b"):
+        from_dict(cfg)
+
+
+def test_fedpcl_tap_must_exist():
+    algo = build_algorithm("fedpcl", {"tap": "nope"})
+    with pytest.raises(ConfigError, match=r"algorithm\.params\.tap"):
+        algo.local_update(_toy_ctx(np.arange(16) % 2), {})

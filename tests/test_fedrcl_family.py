@@ -1,0 +1,430 @@
+"""FedRCL and its family (FedSCL, FedCL) and FedRCL's client-side baselines (FitNet, MOON, FedLC, FedNTD,
+FedDecorr, FedMLB, FedProc, FedDyn), their composition with the server optimizers, and the server optimizer
+formulas. The losses themselves are tested in test_losses.py.
+
+End-to-end runs use the local backend and a tiny ``cnn_taps`` (2 rounds, 3 clients per round); two
+algorithms are also run on Ray with 2 workers and must match the local run bit for bit; MOON and FedDyn
+must keep their client state across rounds and across a driver crash + resume.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.algorithms import ALGORITHMS, ClientContext, build_algorithm
+from fedray.algorithms.base import broadcast_proximal_term, local_sgd
+from fedray.algorithms.server_opt import build_server_optimizer
+from fedray.config import ConfigError, TrainConfig, from_dict
+from fedray.engine.runner import run_experiment
+from fedray.engine.state import ClientStateStore
+from fedray.engine.weights import FlatParams
+from fedray.reporting.rundir import RunDir
+from tests.conftest import ROOT, small_config
+
+FAMILY = ["fedrcl", "fedscl", "fedcl", "fitnet", "moon", "fedlc", "fedntd", "feddecorr", "fedmlb", "fedproc", "feddyn"]
+TINY = {"name": "cnn_taps", "params": {"widths": [8, 8, 16, 16]}}
+# FedProc's weight alpha_r = 1 - (r-1)/(R-1) is 0 in the last round: with R = 2 it would be plain CE twice
+ROUNDS = {"fedproc": 3}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cached_sources():
+    """Parse each data source once for this module (the runs differ only in algorithm and options)."""
+    import fedray.data.sources as sources
+
+    original, cache = sources.load_source, {}
+
+    def cached(name, root=None, **params):
+        key = (name, root, repr(sorted(params.items())))
+        if key not in cache:
+            cache[key] = original(name, root, **params)
+        return cache[key]
+
+    sources.load_source = cached
+    yield
+    sources.load_source = original
+
+
+def _cfg(tmp_path: Path, partition_cache, alg: str, params: dict | None = None, **over) -> dict:
+    base = dict(model=TINY, algorithm={"name": alg, "params": dict(params or {})},
+                train__rounds=ROUNDS.get(alg, 2), train__clients_per_round=3, train__batch_size=20,
+                data__partition={"name": "balanced_dirichlet", "num_clients": 100, "params": {"alpha": 0.3}},
+                eval__every=100, eval__batch_size=1000)
+    base.update(over)
+    return small_config(tmp_path, partition_cache, **base)
+
+
+def _run(cfg: dict, **kw):
+    return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None, **kw)
+
+
+def _final_weights(res) -> np.ndarray:
+    return np.load(res.run_dir / "final_weights.npy")
+
+
+@pytest.fixture(scope="module")
+def local_runs(tmp_path_factory, partition_cache):
+    """Memoised local-backend runs: (algorithm, rounds) -> RunResult of the default tiny config."""
+    memo = {}
+
+    def get(alg: str, rounds: int | None = None):
+        key = (alg, rounds)
+        if key not in memo:
+            over = {} if rounds is None else {"train__rounds": rounds}
+            memo[key] = _run(_cfg(tmp_path_factory.mktemp(f"{alg}-first"), partition_cache, alg, **over))
+        return memo[key]
+
+    return get
+
+
+# ------------------------------------------------------------------------------------ end to end
+def test_registered_names():
+    assert set(FAMILY) <= set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("alg", FAMILY)
+def test_runs_end_to_end_and_is_deterministic(tmp_path, partition_cache, local_runs, alg):
+    first = local_runs(alg)
+    rounds = ROUNDS.get(alg, 2)
+    assert [r["round"] for r in first.rounds] == list(range(1, rounds + 1))
+    for r in first.rounds:
+        assert r["dropped"] == [] and r["num_clients"] == 3, r
+        assert np.isfinite(r["loss"]), r
+    assert 0.0 <= first.accuracy <= 1.0
+    again = _run(_cfg(tmp_path, partition_cache, alg))
+    assert again.weights_hash == first.weights_hash
+    # the method's loss changes the training: not the FedAvg result
+    assert first.weights_hash != local_runs("fedavg", rounds).weights_hash
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("alg", ["moon", "fedmlb"])
+def test_ray_two_workers_match_local(tmp_path, partition_cache, local_runs, ray_session, alg):
+    res = _run(_cfg(tmp_path, partition_cache, alg, engine__backend="ray", engine__num_workers=2,
+                    engine__chunk_size=1))
+    assert res.weights_hash == local_runs(alg).weights_hash
+
+
+def test_moon_and_feddyn_keep_client_state_across_rounds_and_resume(tmp_path, partition_cache):
+    """20 clients, 3 per round, 3 rounds: clients 9 and 19 train in rounds 1 and 3 and client 17 in rounds 2
+    and 3, so stored state is read again, across the checkpoint of round 2. A driver crash before round 3
+    and a resume from that checkpoint give the uninterrupted run's weights."""
+    over = dict(train__rounds=3, train__batch_size=50, output__checkpoint_every=2,
+                data__partition={"name": "balanced_dirichlet", "num_clients": 20, "params": {"alpha": 0.3}})
+    procs = {}
+    for alg in ("moon", "feddyn"):  # start both crashing runs first: they run while the clean ones do
+        cfg = _cfg(tmp_path / f"{alg}-crash", partition_cache, alg, **over,
+                   engine__fault_injection={"kind": "driver_exit", "round": 3})
+        path = tmp_path / f"{alg}-crash.json"
+        path.write_text(json.dumps(cfg))
+        code = ("import json; from fedray.config import from_dict; from fedray.engine.runner import run_experiment;"
+                f"run_experiment(from_dict(json.load(open({str(path)!r}))), progress=False)")
+        procs[alg] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, cwd=ROOT)
+    clean = {alg: _run(_cfg(tmp_path / f"{alg}-clean", partition_cache, alg, **over)) for alg in procs}
+    for alg, proc in procs.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 17, err[-2000:]  # the driver died hard before round 3
+        run_dir = next((tmp_path / f"{alg}-crash" / "runs").iterdir())
+        assert [r["round"] for r in RunDir(run_dir).read_metrics()] == [1, 2]
+        res = run_experiment(resume=run_dir, progress=False, log=lambda *a: None)
+        assert res.weights_hash == clean[alg].weights_hash, alg
+        assert [r["round"] for r in RunDir(run_dir).read_metrics()] == [1, 2, 3]
+
+        # state across rounds: some client trained in two rounds, and its state is on disk
+        ledger = RunDir(clean[alg].run_dir).read_ledger().to_pylist()
+        visits: dict[int, set[int]] = {}
+        for row in ledger:
+            visits.setdefault(row["client"], set()).add(row["round"])
+        assert any(len(rs) > 1 for rs in visits.values()), visits
+        store = ClientStateStore(RunDir(clean[alg].run_dir).state_path)
+        for cid in visits:
+            state = store.load(cid, 4)
+            assert state is not None and set(state) == ({"prev"} if alg == "moon" else {"grad"}), (cid, state)
+
+
+# ------------------------------------------------------------------------------------ server optimizers
+@pytest.mark.parametrize("server, lr", [("fedavgm", 1.0), ("fedadam", 0.01), ("fedacg", 1.0)])
+def test_server_optimizers_compose_with_fedrcl(tmp_path, partition_cache, local_runs, server, lr):
+    res = _run(_cfg(tmp_path, partition_cache, "fedrcl", server={"name": server, "lr": lr}))
+    assert all(np.isfinite(r["loss"]) and r["dropped"] == [] for r in res.rounds)
+    assert res.weights_hash != local_runs("fedrcl").weights_hash
+
+
+def test_fedacg_proximal_term_applies_to_any_algorithm(tmp_path, partition_cache):
+    """FedACG with lam = 0 broadcasts w itself and steps to w + (avg - w): FedAvg + its client proximal term
+    must then equal FedProx with mu = beta (same formula mu/2 ||theta - w||^2), up to float rounding."""
+    prox = _run(_cfg(tmp_path / "prox", partition_cache, "fedprox", {"mu": 0.5}))
+    acg = _run(_cfg(tmp_path / "acg", partition_cache, "fedavg",
+                    server={"name": "fedacg", "params": {"lam": 0.0, "beta": 0.5}}))
+    plain = _run(_cfg(tmp_path / "plain", partition_cache, "fedavg"))
+    w_prox, w_acg, w_plain = _final_weights(prox), _final_weights(acg), _final_weights(plain)
+    assert np.abs(w_acg - w_prox).max() < 1e-6
+    assert np.abs(w_plain - w_prox).max() > 1e-4  # the proximal term does change the result
+
+
+def _ctx(model, global_w, prox_mu=0.0, state=None, labels=None, rnd=1):
+    flat = FlatParams(model)
+    flat.load(global_w)
+    rng = np.random.default_rng(0)
+    labels = np.arange(12) % 3 if labels is None else labels
+    images = rng.integers(0, 255, size=(len(labels), 1, 28, 28), dtype=np.uint8)
+    from fedray.data.table import DatasetMeta
+
+    meta = DatasetMeta(name="toy", num_classes=10, shape=(1, 28, 28), mean=(0.5,), std=(0.25,))
+    return ClientContext(cid=3, rnd=rnd, seed=0, model=model, flat=flat, global_weights=global_w, images=images,
+                         labels=labels.astype(np.int64), meta=meta,
+                         train=TrainConfig(batch_size=6, lr=0.05), device=torch.device("cpu"), normalize=True,
+                         state=state, num_classes=10, model_factory=_tiny_model, prox_mu=prox_mu)
+
+
+def _tiny_model():
+    from fedray.models import build_model
+
+    torch.manual_seed(0)
+    return build_model("cnn_taps", in_channels=1, image_size=28, num_classes=10, widths=[4, 4, 8, 8])
+
+
+def test_broadcast_proximal_term_value():
+    model = _tiny_model()
+    g = FlatParams(_tiny_model()).read()
+    ctx = _ctx(model, g, prox_mu=0.3)
+    w = g + np.random.default_rng(1).standard_normal(g.shape).astype(np.float32) * 0.01
+    ctx.flat.load(w)
+    params = [p for p in model.parameters() if p.requires_grad]
+    term = broadcast_proximal_term(ctx, params)
+    assert float(term().detach()) == pytest.approx(0.5 * 0.3 * float(np.sum((w.astype(np.float64) - g) ** 2)), rel=1e-5)
+    assert broadcast_proximal_term(_ctx(model, g, prox_mu=0.0), params) is None
+
+
+# ------------------------------------------------------------------------------------ server-side formulas
+def _ref_fedavgm(ws, avgs, lr, beta):
+    m, out = None, []
+    for w, a in zip(ws, avgs):
+        d = w - a
+        m = d if m is None else beta * m + d
+        out.append(w - lr * m)
+    return out
+
+
+def _ref_fedadam(ws, avgs, lr, b1, b2, tau):
+    m = v = 0.0
+    out = []
+    for w, a in zip(ws, avgs):
+        d = a - w
+        m = b1 * m + (1 - b1) * d
+        v = b2 * v + (1 - b2) * d * d
+        out.append(w + lr * m / (np.sqrt(v) + tau))
+    return out
+
+
+def _ref_fedacg(ws, avgs, lr, lam):
+    """Returns (broadcast, new) per step: w_hat = w + lam*m; Delta = avg - w_hat; m = lam*m + Delta;
+    w' = w_hat + lr*Delta."""
+    m, out = None, []
+    for w, a in zip(ws, avgs):
+        w_hat = w if m is None else w + lam * m
+        delta = a - w_hat
+        m = delta if m is None else lam * m + delta
+        out.append((w_hat, w_hat + lr * delta))
+    return out
+
+
+def _sequence(n=4, d=257, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(d).astype(np.float32)
+    avgs = [(w + 0.1 * rng.standard_normal(d)).astype(np.float32) for _ in range(n)]
+    return w, avgs
+
+
+@pytest.mark.parametrize("name, lr, params", [("fedavgm", 1.0, {"momentum": 0.4}), ("fedavgm", 0.5, {"momentum": 0.9})])
+def test_fedavgm_matches_numpy_reference(name, lr, params):
+    w, avgs = _sequence()
+    opt = build_server_optimizer(name, lr, params)
+    ws, got = [], []
+    for a in avgs:
+        ws.append(w.astype(np.float64))
+        w = opt.step(w, a)
+        got.append(w)
+    # the reference runs in float64 on the same inputs the optimizer saw
+    ref = _ref_fedavgm(ws, [a.astype(np.float64) for a in avgs], lr, params["momentum"])
+    for g, r in zip(got, ref):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_fedadam_matches_numpy_reference():
+    w, avgs = _sequence(seed=1)
+    opt = build_server_optimizer("fedadam", 0.01, {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3})
+    ws, got = [], []
+    for a in avgs:
+        ws.append(w.astype(np.float64))
+        w = opt.step(w, a)
+        got.append(w)
+    ref = _ref_fedadam(ws, [a.astype(np.float64) for a in avgs], 0.01, 0.9, 0.99, 1e-3)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_fedacg_matches_numpy_reference():
+    w, avgs = _sequence(seed=2)
+    opt = build_server_optimizer("fedacg", 1.0, {"lam": 0.85, "beta": 1e-3})
+    assert opt.client_extras() == {"prox_mu": 1e-3}
+    ws, got = [], []
+    for a in avgs:
+        ws.append(w.astype(np.float64))
+        b = opt.broadcast_weights(w)
+        w = opt.step(w, a)
+        got.append((b, w))
+    ref = _ref_fedacg(ws, [a.astype(np.float64) for a in avgs], 1.0, 0.85)
+    for (gb, gw), (rb, rw) in zip(got, ref):
+        np.testing.assert_allclose(gb, rb, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(gw, rw, rtol=1e-5, atol=1e-6)
+
+
+def test_feddyn_server_correction_matches_formula():
+    cfg = from_dict(small_config(Path("/nonexistent"), Path("/nonexistent"), algorithm={"name": "feddyn"},
+                                 data__partition={"name": "iid", "num_clients": 10, "params": {}}))
+    algo = build_algorithm("feddyn", {"alpha": 0.1}, cfg)
+    rng = np.random.default_rng(0)
+    theta = rng.standard_normal(50).astype(np.float32)
+    state = algo.init_state(theta)
+    h = np.zeros(50)
+    for rnd in (1, 2):
+        algo.broadcast(rnd, theta, state)
+        clients = [theta + 0.1 * rng.standard_normal(50).astype(np.float32) for _ in range(3)]
+        avg = np.mean(clients, axis=0).astype(np.float32)
+        new, state = algo.after_aggregate(rnd, avg, [{"cid": i, "num_samples": 5, "feddyn": 1} for i in range(3)], state)
+        h = h - 0.1 / 10 * sum(c.astype(np.float64) - theta for c in clients)
+        np.testing.assert_allclose(state["h"], h, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(new, avg - h / 0.1, rtol=1e-5, atol=1e-6)
+        theta = new
+    assert algo.client_weight(5) == algo.client_weight(500) == 1.0
+
+
+def test_feddyn_client_state_update():
+    """g_k <- g_k - alpha (theta_k - theta_g), and a stored g_k enters the local objective as -<theta, g_k>."""
+    algo = build_algorithm("feddyn", {"alpha": 0.1})
+    model = _tiny_model()
+    g = FlatParams(_tiny_model()).read()
+    upd = algo.local_update(_ctx(model, g), {})
+    np.testing.assert_allclose(upd.state["grad"], -0.1 * (upd.weights - g), rtol=1e-6, atol=1e-9)
+    upd2 = algo.local_update(_ctx(model, g, state=upd.state), {})
+    assert not np.array_equal(upd2.weights, upd.weights)  # the linear term changes the update
+    np.testing.assert_allclose(upd2.state["grad"], upd.state["grad"] - 0.1 * (upd2.weights - g), rtol=1e-5, atol=1e-8)
+
+
+def test_moon_first_visit_equals_ce_and_state_is_the_trained_model():
+    """At a first visit the previous model is the global one: the contrastive term is log 2 with zero gradient,
+    so MOON's update equals FedAvg's; the stored state is the trained weights."""
+    g = FlatParams(_tiny_model()).read()
+    moon = build_algorithm("moon", {}).local_update(_ctx(_tiny_model(), g), {})
+    avg = build_algorithm("fedavg", {}).local_update(_ctx(_tiny_model(), g), {})
+    np.testing.assert_allclose(moon.weights, avg.weights, rtol=0, atol=1e-6)
+    assert moon.loss == pytest.approx(avg.loss + np.log(2), rel=1e-4)
+    np.testing.assert_array_equal(moon.state["prev"], moon.weights)
+    second = build_algorithm("moon", {}).local_update(_ctx(_tiny_model(), g, state=moon.state), {})
+    assert not np.allclose(second.weights, avg.weights, atol=1e-6)
+
+
+def test_fedproc_prototypes_are_per_class_means_of_client_means():
+    algo = build_algorithm("fedproc", {}, from_dict(small_config(Path("/x"), Path("/x"), train__rounds=5)))
+    extras = [{"cid": 0, "num_samples": 4, "protos": np.array([[1.0, 0.0], [0.0, 2.0]], np.float32),
+               "proto_classes": np.array([0, 3])},
+              {"cid": 1, "num_samples": 9, "protos": np.array([[3.0, 0.0]], np.float32), "proto_classes": np.array([0])}]
+    w = np.zeros(3, np.float32)
+    _, state = algo.after_aggregate(1, w, extras, {})
+    np.testing.assert_array_equal(state["proto_classes"], [0, 3])
+    np.testing.assert_allclose(state["prototypes"], [[2.0, 0.0], [0.0, 2.0]])
+    payload = algo.broadcast(2, w, state)
+    assert payload["proc_alpha"] == pytest.approx(0.75)  # 1 - (2-1)/(5-1)
+    assert algo.broadcast(1, w, {}) == {}
+    # a client's extras: class means of its embeddings under the trained model
+    upd = algo.local_update(_ctx(_tiny_model(), FlatParams(_tiny_model()).read()), payload | {"prototypes": np.zeros((2, 8), np.float32)})
+    assert list(upd.extras["proto_classes"]) == [0, 1, 2] and upd.extras["protos"].shape == (3, 8)
+
+
+def test_fedmlb_cuts_feed_the_server_parts():
+    from fedray.algorithms.baselines import _branch_points, _forward_cuts
+
+    model = _tiny_model()
+    x = torch.randn(4, 1, 28, 28)
+    points = _branch_points(model)
+    assert points == ["l1", "l2", "l3", "l4", "l5"]
+    logits, cuts = _forward_cuts(model, x, points)
+    torch.testing.assert_close(logits, model(x), rtol=0, atol=0)
+    for p in points:
+        client, server = model.split(p)
+        torch.testing.assert_close(cuts[p], client(x), rtol=0, atol=0)
+        torch.testing.assert_close(server(cuts[p]), logits, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------ config errors
+@pytest.mark.parametrize("alg, params, field", [
+    ("fedrcl", {"tau": 0}, "tau"),
+    ("fedrcl", {"beta": -1}, "beta"),
+    ("fedrcl", {"lam": 2.0}, "lam"),
+    ("fedrcl", {"variant": "eq5"}, "variant"),
+    ("fedrcl", {"levels": "first"}, "levels"),
+    ("fedrcl", {"weighting": "bytes"}, "weighting"),
+    ("fedscl", {"beta": 1.0}, "beta"),
+    ("fedcl", {"view_augment": ["blur"]}, "view_augment"),
+    ("fedcl", {"view_augment": []}, "view_augment"),
+    ("fitnet", {"lam": -0.1}, "lam"),
+    ("moon", {"tau": 0.0}, "tau"),
+    ("moon", {"temperature": 0.5}, "temperature"),
+    ("fedlc", {"tau": "one"}, "tau"),
+    ("fedntd", {"beta": 1.5}, "beta"),
+    ("feddecorr", {"beta": -0.01}, "beta"),
+    ("fedmlb", {"lam1": -1}, "lam1"),
+    ("fedproc", {"tau": 0}, "tau"),
+    ("feddyn", {"alpha": 0}, "alpha"),
+    ("feddyn", {"weighting": "uniform"}, "weighting"),
+])
+def test_config_errors_name_the_parameter(alg, params, field):
+    with pytest.raises(ConfigError, match=rf"^algorithm\.params\.{field}\b"):
+        build_algorithm(alg, params)
+
+
+def test_fedmlb_needs_a_model_with_split_points():
+    cfg = from_dict(small_config(Path("/x"), Path("/x"), algorithm={"name": "fedmlb"}, model={"name": "mlp"}))
+    with pytest.raises(ConfigError, match=r"^algorithm\.name: fedmlb needs a model with split points"):
+        build_algorithm("fedmlb", {}, cfg)
+    ok = from_dict(small_config(Path("/x"), Path("/x"), algorithm={"name": "fedmlb"}, model=TINY))
+    build_algorithm("fedmlb", {}, ok)
+
+
+def test_levels_last_and_list_form():
+    a = build_algorithm("fedrcl", {"levels": ["last"]})
+    assert a.params["levels"] == "last"
+    from fedray.algorithms.fedrcl import level_taps
+
+    assert level_taps(_tiny_model(), "last") == ["l5"]
+    assert level_taps(_tiny_model(), "all") == ["l1", "l2", "l3", "l4", "l5"]
+
+
+def test_fedrcl_local_step_is_ce_plus_multilevel_terms():
+    """One local step of FedRCL minimises exactly CE + mean_l SCL_l + beta * mean_l PEN_l."""
+    import torch.nn.functional as F
+
+    from fedray.losses import multilevel_relaxed_contrastive_loss
+
+    model = _tiny_model()
+    g = FlatParams(_tiny_model()).read()
+    ctx = _ctx(model, g)
+    algo = build_algorithm("fedrcl", {"beta": 0.5})
+    loss_fn = algo.make_loss(ctx, {})
+    x = torch.randn(6, 1, 28, 28)
+    y = torch.tensor([0, 0, 1, 1, 2, 2])
+    logits, feats = model.forward_features(x, ["l1", "l2", "l3", "l4", "l5"])
+    scl, pen = multilevel_relaxed_contrastive_loss([feats[t] for t in ("l1", "l2", "l3", "l4", "l5")], y, beta=0.5)
+    expected = F.cross_entropy(logits, y) + scl + 0.5 * pen
+    torch.testing.assert_close(loss_fn(model, x, y), expected)
+    assert local_sgd(ctx, loss_fn) > 0

@@ -1,0 +1,308 @@
+"""The split round program (fedray.engine.split) and the split / logit-adjustment algorithms."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedray.config import ConfigError, from_dict
+from fedray.engine.runner import run_experiment
+from fedray.engine.split import (
+    SplitLayout,
+    SplitServer,
+    assign_clients,
+    batch_plan,
+    batch_sizes,
+    client_output_shape,
+)
+from fedray.losses import label_prior, logit_adjusted_ce
+from fedray.models import build_model
+from fedray.reporting.rundir import RunDir
+from tests.conftest import small_config
+
+SPLIT_METHODS = ["scala", "splitfed_v1", "splitfed_v2", "splitfed_v3", "sfl_local_loss"]
+TINY_ALEXNET = {"channels": [4, 8, 8, 8, 8], "fc": [16, 16]}
+CPC = {"name": "classes_per_client", "num_clients": 100, "params": {"classes": 2}}
+
+
+def _cfg(tmp_path, partition_cache, name, params=None, model_params=None, **over):
+    algo_params = {"batch_size": 40, "local_iters": 2} if name in SPLIT_METHODS else {}
+    algo_params.update(params or {})
+    over = {"data__partition": CPC, "train__rounds": 2, "train__clients_per_round": 4, **over}
+    return small_config(tmp_path, partition_cache, model={"name": "alexnet_split",
+                                                          "params": {**TINY_ALEXNET, **(model_params or {})}},
+                        algorithm={"name": name, "params": algo_params}, **over)
+
+
+def _run(cfg: dict, **kw):
+    return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None, **kw)
+
+
+def _tiny_model(seed=0, **opts):
+    torch.manual_seed(seed)
+    return build_model("alexnet_split", in_channels=1, image_size=28, num_classes=10, **{**TINY_ALEXNET, **opts})
+
+
+# ------------------------------------------------------------------------------------ plans
+def test_batch_sizes_sum_to_about_b_and_follow_data_sizes():
+    sizes = np.array([40, 10, 80, 5, 25, 60, 33, 47, 12, 90])
+    bk = batch_sizes(sizes, 320)
+    assert bk.sum() <= 320 and bk.sum() >= 320 - len(sizes)
+    np.testing.assert_array_equal(bk, np.maximum(1, (320 * sizes) // sizes.sum()))
+    order = np.argsort(sizes, kind="stable")
+    assert np.all(np.diff(bk[order]) >= 0)  # monotone in |D_k|
+    assert batch_sizes([1000, 1], 10).tolist() == [9, 1]  # at least one sample each
+    assert batch_sizes([3, 5], 320).tolist() == [3, 5]  # capped at |D_k|
+    with pytest.raises(ValueError, match="batch_size"):
+        batch_sizes([3, 5], 0)
+
+
+def test_batch_plan_is_deterministic_and_never_repeats_within_an_epoch():
+    a = batch_plan(np.random.default_rng([0, 1, 7]), 10, 4, 5)
+    b = batch_plan(np.random.default_rng([0, 1, 7]), 10, 4, 5)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert [len(x) for x in a] == [4] * 5
+    assert len(set(np.concatenate(a[:2]).tolist())) == 8  # two batches of one permutation are disjoint
+    groups = assign_clients([5, 9, 1, 7, 3], 2)
+    assert sorted(p for ps in groups.values() for p in ps) == [0, 1, 2, 3, 4]
+    assert assign_clients([5, 9], 8).keys() == {0, 1}
+
+
+def test_split_layout_partitions_the_weight_vector():
+    model = _tiny_model()
+    lay = SplitLayout(model, "block2")
+    every = np.concatenate([lay.client_train, lay.client_fixed, lay.server_train, lay.server_fixed])
+    assert np.array_equal(np.sort(every), np.arange(lay.size))
+    assert {e.name for e in lay.ct_entries} == {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"}
+    assert client_output_shape(model, "block2", type("M", (), {"shape": (1, 28, 28)})) == (8, 7, 7)
+
+
+# ------------------------------------------------------------------------------------ exactness
+@pytest.mark.parametrize("name", ["scala", "splitfed_v1", "splitfed_v2"])
+def test_single_client_gradient_equals_unsplit_backprop(tmp_path, partition_cache, name):
+    """One client, one local iteration, SGD lr 1: the update of both halves is minus the gradient of the
+    unsplit model's loss on the same minibatch (SCALA with prior: batch, i.e. P_k = P_s)."""
+    from fedray.data.store import PartitionStore
+    from fedray.engine.weights import flatten
+
+    params = {"batch_size": 16, "local_iters": 1, **({"prior": "batch"} if name == "scala" else {})}
+    cfg = _cfg(tmp_path, partition_cache, name, params, model_params={"dropout": 0.0}, train__rounds=1,
+               train__clients_per_round=1, train__lr=1.0, eval__every=1)
+    res = _run(cfg)
+    w1 = np.load(res.run_dir / "final_weights.npy")
+
+    store = PartitionStore.open(json.loads((res.run_dir / "run.json").read_text())["partition_path"])
+    cid = int(np.random.default_rng([0, 1]).choice(100, size=1, replace=False)[0])
+    images, labels = store.client_arrays(cid)
+    bk = int(batch_sizes([len(labels)], 16)[0])
+    idx = batch_plan(np.random.default_rng([0, 1, cid]), len(labels), bk, 1)[0]
+    x = torch.from_numpy(np.array(images[idx])).float() / 255.0
+    y = torch.from_numpy(np.array(labels[idx], dtype=np.int64))
+
+    model = _tiny_model(dropout=0.0)
+    w0 = flatten(model)
+    model.train()
+    z = model(x)
+    loss = logit_adjusted_ce(z, y, label_prior(y, 10)) if name == "scala" else F.cross_entropy(z, y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    g = np.concatenate([t.reshape(-1).numpy() for t in grads])  # no buffers: parameter order = flat order
+    lay = SplitLayout(model, "block2")
+    scale = np.abs(g).max()
+    for part in (lay.client_train, lay.server_train):  # client-side gradient and server-side step
+        np.testing.assert_allclose(w0[part] - w1[part], g[part], rtol=0, atol=1e-5 * scale)
+    assert np.abs(g[lay.client_train]).max() > 0
+
+
+def _server_fixture(name, sizes=(6, 10), seed=1):
+    from fedray.algorithms import build_algorithm
+
+    cfg = from_dict(small_config(Path("/unused"), Path("/unused"), algorithm={"name": name}, train__lr=0.1,
+                                 model={"name": "alexnet_split"}))
+    algo = build_algorithm(name, {}, cfg)
+    model = _tiny_model(seed, dropout=0.0)
+    lay = SplitLayout(model, "block2")
+    from fedray.engine.weights import flatten
+
+    w = flatten(model)
+    srv = SplitServer(model, lay, algo, cfg.train, seed=0, device="cpu")
+    g = torch.Generator().manual_seed(seed)
+    acts = [torch.randn(n, 8, 7, 7, generator=g) for n in sizes]
+    labels = [torch.randint(0, 10, (n,), generator=g) for n in sizes]
+    return algo, model, lay, w, srv, acts, labels
+
+
+def _manual_step(model, lay, w, a, y, lr, loss_fn):
+    """w' (full vector) after one plain SGD step of the server part (module parameters, not views)."""
+    from fedray.engine.weights import flatten, load_flat
+
+    load_flat(model, w)
+    _, server = model.split("block2")
+    params = list(server.parameters())
+    loss = loss_fn(server(a), y)
+    gs = torch.autograd.grad(loss, params)
+    with torch.no_grad():
+        for p, gp in zip(params, gs):
+            p -= lr * gp
+    return flatten(model)
+
+
+def test_scala_has_one_server_model_and_splitfed_v1_averages_copies():
+    from fedray.algorithms.split import SplitBatch
+
+    for name in ("scala", "splitfed_v1", "splitfed_v2"):
+        algo, model, lay, w, srv, acts, labels = _server_fixture(name)
+        weights = [6.0, 10.0]
+        st, sf = lay.server_vectors(w)
+        srv.begin_round(1, st, sf, 0.1, None, weights if algo.server_copies else None)
+        srv.begin_iteration(0)
+        batch = SplitBatch([0, 1], [3, 4], acts, labels, np.ones((2, 10)), 10)
+        res = algo.server_iteration(srv, batch)
+        out, _, opt_state = srv.end_round()
+        a, y = torch.cat(acts), torch.cat(labels)
+        if name == "scala":
+            assert srv.copies == [] and opt_state is not None
+            expect = _manual_step(model, lay, w, a, y, 0.1,
+                                  lambda z, t: logit_adjusted_ce(z, t, label_prior(t, 10)))
+            assert [g.shape[0] for g in res.grads] == [6, 10]
+        elif name == "splitfed_v1":
+            assert len(srv.copies) == 2 and opt_state is None
+            w_a = _manual_step(model, lay, w, acts[0], labels[0], 0.1, F.cross_entropy)
+            w_b = _manual_step(model, lay, w, acts[1], labels[1], 0.1, F.cross_entropy)
+            expect = w_a * (6 / 16) + w_b * (10 / 16)
+        else:  # v2: one model, sequential over clients in the round's order
+            order = srv.client_order(2)
+            w_seq = w
+            for k in order:
+                w_seq = _manual_step(model, lay, w_seq, acts[k], labels[k], 0.1, F.cross_entropy)
+            expect = w_seq
+            assert srv.copies == []
+        np.testing.assert_allclose(out, expect[lay.server_train], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------ end to end
+@pytest.mark.parametrize("name", SPLIT_METHODS)
+def test_every_split_method_runs_two_rounds_and_is_worker_count_invariant(tmp_path, partition_cache, name):
+    one = _run(_cfg(tmp_path / "w1", partition_cache, name))
+    three = _run(_cfg(tmp_path / "w3", partition_cache, name, engine__num_workers=3))
+    assert one.weights_hash == three.weights_hash
+    rows = RunDir(one.run_dir).read_metrics()
+    assert [r["round"] for r in rows] == [1, 2]
+    r = rows[-1]
+    assert math.isfinite(r["loss"]) and 0.0 <= r["accuracy"] <= 1.0
+    sizes = RunDir(one.run_dir).read_ledger().to_pylist()
+    per_client = [row for row in sizes if row["round"] == 2 and row["failure"] is None]
+    assert len(per_client) == 4 and sum(row["samples"] for row in per_client) == 2 * r["split"]["batch"]
+    b = r["bytes"]
+    act = 2 * r["split"]["batch"] * 8 * 7 * 7 * 4  # iterations x sum B_k x activation size x float32
+    assert b["activations"] == act
+    assert b["gradients"] == (0 if name == "sfl_local_loss" else act)
+    assert b["total"] == b["broadcast"] + b["upload"] + b["activations"] + b["labels"] + b["gradients"]
+    if name == "scala":
+        assert math.isfinite(r["client_loss"])
+
+
+def test_splitfed_v3_keeps_client_models_local(tmp_path, partition_cache):
+    few = {"name": "classes_per_client", "num_clients": 6, "params": {"classes": 2}}
+    v1 = _run(_cfg(tmp_path / "v1", partition_cache, "splitfed_v1", data__partition=few, train__rounds=3))
+    v3 = _run(_cfg(tmp_path / "v3", partition_cache, "splitfed_v3", data__partition=few, train__rounds=3))
+    assert v1.weights_hash != v3.weights_hash  # returning clients resume from their own client models
+    saved = list((Path(RunDir(v3.run_dir).state_path)).rglob("r*.npz"))
+    assert saved
+
+
+def test_client_error_mid_iteration_is_replayed_with_identical_result(tmp_path, partition_cache):
+    clean = _run(_cfg(tmp_path / "clean", partition_cache, "scala", engine__num_workers=2))
+    sampled = [int(c) for c in np.random.default_rng([0, 2]).choice(100, size=4, replace=False)]
+    fault = {"kind": "raise", "round": 2, "client": sampled[1], "iteration": 2, "times": 1}
+    faulty = _run(_cfg(tmp_path / "faulty", partition_cache, "scala", engine__num_workers=2,
+                       engine__fault_injection=fault))
+    assert faulty.weights_hash == clean.weights_hash
+    assert faulty.rounds[1]["retries"] == 1
+    fails = [r for r in RunDir(faulty.run_dir).read_ledger().to_pylist() if r["failure"]]
+    assert len(fails) == 1 and "injected fault" in fails[0]["failure"] and fails[0]["client"] == sampled[1]
+    # a client failing more often than engine.max_client_retries fails the round with a clear error
+    fault = {**fault, "times": 5}
+    with pytest.raises(RuntimeError, match=f"client {sampled[1]} failed 2 times"):
+        _run(_cfg(tmp_path / "bad", partition_cache, "scala", engine__max_client_retries=1,
+                  engine__fault_injection=fault))
+
+
+def test_checkpointed_state_resumes_scala_exactly(tmp_path, partition_cache):
+    """Server model + server momentum live in the coordinator state: a fresh coordinator loaded from it
+    continues bit-identically."""
+    from fedray.engine.coordinator import Coordinator
+    from fedray.engine.runner import _test_payload, prepare_data
+
+    cfg = from_dict(_cfg(tmp_path, partition_cache, "scala", train__momentum=0.9, train__rounds=3))
+    bundle, store = prepare_data(cfg)
+    d = cfg.to_dict()
+    d.pop("source_path", None)
+
+    def coord(sub):
+        (tmp_path / sub).mkdir()
+        return Coordinator(d, str(store.path), str(tmp_path / sub), _test_payload(bundle), 1, 1.0, 0.0,
+                           str(tmp_path / sub / "state"))
+
+    a = coord("a")
+    for r in (1, 2, 3):
+        a.run_round(r)
+    b = coord("b")
+    b.run_round(1)
+    st = b.state_dict()
+    assert "momentum_buffer" in st["algorithm_state"]["server_optimizer"]
+    c = coord("c")
+    c.load_state_dict(st)
+    for r in (2, 3):
+        c.run_round(r)
+    assert c.weights_hash() == a.weights_hash()
+
+
+def test_split_config_errors_name_the_field(tmp_path, partition_cache):
+    with pytest.raises(ConfigError, match=r"^server\.name"):
+        _run(_cfg(tmp_path, partition_cache, "scala", server={"name": "fedavgm"}))
+    with pytest.raises(ConfigError, match=r"^algorithm\.params\.prior"):
+        _run(_cfg(tmp_path, partition_cache, "scala", {"prior": "global"}))
+    with pytest.raises(ConfigError, match=r"^algorithm\.params\.local_iters"):
+        _run(_cfg(tmp_path, partition_cache, "splitfed_v1", {"local_iters": 0}))
+    with pytest.raises(ConfigError, match=r"^algorithm\.params\.split_point"):
+        _run(_cfg(tmp_path, partition_cache, "splitfed_v2", {"split_point": "nowhere"}))
+
+
+# ------------------------------------------------------------------------------------ FL baselines
+def test_fedlogit_and_fedla_train_and_seed_dropout(tmp_path, partition_cache):
+    from fedray.algorithms import ALGORITHMS
+
+    assert issubclass(ALGORITHMS["fedla"], ALGORITHMS["fedlc"])
+    for name in ("fedlogit", "fedla"):
+        one = _run(_cfg(tmp_path / f"{name}1", partition_cache, name))
+        three = _run(_cfg(tmp_path / f"{name}3", partition_cache, name, engine__num_workers=3))
+        assert one.weights_hash == three.weights_hash  # alexnet dropout is seeded per (seed, round, client)
+        assert math.isfinite(one.rounds[-1]["loss"])
+
+
+# ------------------------------------------------------------------------------------ Ray
+@pytest.mark.ray
+def test_ray_two_workers_match_local_bit_for_bit(tmp_path, partition_cache, ray_session):
+    local = _run(_cfg(tmp_path / "local", partition_cache, "scala"))
+    ray2 = _run(_cfg(tmp_path / "ray", partition_cache, "scala", engine__backend="ray", engine__num_workers=2))
+    assert ray2.weights_hash == local.weights_hash
+    assert ray2.rounds[-1]["split"]["workers"] == 2
+
+
+@pytest.mark.ray
+def test_worker_killed_during_split_iteration_is_recovered(tmp_path, partition_cache, ray_session):
+    clean = _run(_cfg(tmp_path / "clean", partition_cache, "scala"))
+    sampled = [int(c) for c in np.random.default_rng([0, 2]).choice(100, size=4, replace=False)]
+    fault = {"kind": "exit", "round": 2, "client": sampled[2], "iteration": 1, "times": 1}
+    faulty = _run(_cfg(tmp_path / "faulty", partition_cache, "scala", engine__backend="ray", engine__num_workers=2,
+                       engine__fault_injection=fault))
+    assert faulty.weights_hash == clean.weights_hash
+    assert faulty.rounds[1]["worker_restarts"] == 1
+    lost = [r for r in RunDir(faulty.run_dir).read_ledger().to_pylist() if r["failure"]]
+    assert lost and all(r["round"] == 2 and "worker lost" in r["failure"] for r in lost)
