@@ -1,0 +1,394 @@
+"""Hyper-parameter studies (tuning/): study files, concurrent trials on Ray, pruning, SIGKILL + resume, outputs.
+
+Everything uses real Optuna storages (journal files) and real FL runs of FedProx on the embedded MNIST
+subset, kept tiny (20 IID clients, 2 per round, 1-2 rounds). The FedRCL/FedCCL/SCALA study files are only
+checked structurally: those algorithms are not needed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedray.config import ConfigError, load_config
+from tests.conftest import ROOT
+
+optuna = pytest.importorskip("optuna")
+
+from tuning.outputs import write_outputs  # noqa: E402
+from tuning.runner import MetricTracker, StudyRunner, make_pruner, session_seed, tune  # noqa: E402
+from tuning.study import load_study, parse_study  # noqa: E402
+
+
+def base_config(tmp_path, partition_cache, backend="local", rounds=2) -> dict:
+    return {
+        "seed": 0,
+        "data": {"source": "mnist5k", "normalize": False, "cache_dir": str(partition_cache),
+                 "partition": {"name": "iid", "num_clients": 20}},
+        "model": {"name": "fedavg_cnn"},
+        "algorithm": {"name": "fedprox", "params": {"mu": 1e-3}},
+        "train": {"rounds": rounds, "clients_per_round": 2, "batch_size": 10, "lr": 0.05},
+        "eval": {"every": 1},
+        "engine": {"backend": backend},
+        "output": {"root": str(tmp_path / "unused"), "checkpoint_every": 1, "tensorboard": False},
+    }
+
+
+def study_dict(tmp_path, partition_cache, **over) -> dict:
+    d = {
+        "name": "t",
+        "base_config": base_config(tmp_path, partition_cache),
+        "params": {"algorithm.params.mu": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True},
+                   "train.lr": {"type": "float", "low": 0.02, "high": 0.08}},
+        "objective": {"metric": "accuracy", "direction": "maximize"},
+        "budget": {"n_trials": 3},
+        "sampler": {"name": "random", "seed": 0},
+        "pruner": "none",
+        "concurrency": 1,
+    }
+    d.update(over)
+    return d
+
+
+def write_study(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# ------------------------------------------------------------------------------------ study files
+def _err(data, tmp_path) -> str:
+    with pytest.raises(ConfigError) as e:
+        parse_study(data, source_path=tmp_path / "s.yaml")
+    return str(e.value)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d["params"].update({"train.lrr": {"type": "float", "low": 0.1, "high": 0.2}}),
+     "params.train.lrr: unknown parameter path"),
+    (lambda d: d["params"].update({"algorithm.params.muu": {"type": "float", "low": 0.1, "high": 0.2}}),
+     "params.algorithm.params.muu: unknown parameter path: algorithm 'fedprox' has no parameter 'muu'"),
+    (lambda d: d["params"].update({"model.params.width": {"type": "int", "low": 1, "high": 4}}),
+     "params.model.params.width: unknown parameter path: model 'fedavg_cnn'"),
+    (lambda d: d["params"].update({"train": {"type": "float", "low": 0.1, "high": 0.2}}),
+     "params.train: is a whole section"),
+    (lambda d: d["params"].update({"train.lr.x": {"type": "float", "low": 0.1, "high": 0.2}}),
+     "params.train.lr.x: train.lr is a single value"),
+    (lambda d: d["params"].update({"train.lr": {"type": "float", "low": 0.1, "high": 0.1}}),
+     "params.train.lr: empty range"),
+    (lambda d: d["params"].update({"train.lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}),
+     "params.train.lr.low: must be > 0 for a log range"),
+    (lambda d: d["params"].update({"train.lr": {"type": "float", "low": -0.1, "high": 0.1}}),
+     "params.train.lr = -0.1: train.lr: must be >= 0"),
+    (lambda d: d["params"].update({"train.local_epochs": {"type": "int", "low": 1.5, "high": 3}}),
+     "params.train.local_epochs.low: expected an integer"),
+    (lambda d: d["params"].update({"model.name": {"type": "categorical", "choices": []}}),
+     "params.model.name.choices: expected a non-empty list"),
+    (lambda d: d["params"].update({"model.name": {"type": "categorical", "choices": ["fedavg_cnn", "nope"]}}),
+     "params.model.name = 'nope': model.name: unknown model 'nope'"),
+    (lambda d: d["params"].update({"train.lr": {"type": "double", "low": 0.1, "high": 0.2}}),
+     "params.train.lr.type: must be float, int or categorical"),
+    (lambda d: d.update(params={}), "params: expected a non-empty mapping"),
+    (lambda d: d.update(sampler="cmaes"), "sampler.name: unknown sampler 'cmaes'"),
+    (lambda d: d.update(sampler={"name": "tpe", "n_startup": 3}), "sampler.n_startup: unknown option"),
+    (lambda d: d.update(sampler="grid"), "params.algorithm.params.mu: the grid sampler needs `step`"),
+    (lambda d: d.update(pruner="asha"), "pruner.name: unknown pruner 'asha'"),
+    (lambda d: d.update(pruner={"name": "hyperband", "min_resource": 9}), "pruner.min_resource: must be in [1, 2]"),
+    (lambda d: d.update(base_config="missing.yaml"), "base_config: file 'missing.yaml' not found"),
+    (lambda d: d.pop("base_config"), "base_config: required"),
+    (lambda d: d["base_config"]["algorithm"].update(name="nosuch"), "base_config: algorithm.name: unknown algorithm"),
+    (lambda d: d["base_config"]["train"].update(rounds=0), "base_config: train.rounds: must be > 0"),
+    (lambda d: d.update(objective={"metric": "loss", "direction": "up"}), "objective.direction: must be maximize"),
+    (lambda d: d.update(objective={"metric": "seconds.train"}), "objective.direction: required for metric"),
+    (lambda d: d.update(multi_objective=[{"metric": "accuracy"}, {"metric": "bytes_total"}], pruner="median"),
+     "multi_objective: give either objective or multi_objective"),
+    (lambda d: (d.pop("objective"), d.update(multi_objective=[{"metric": "accuracy"}, {"metric": "bytes_total"}],
+                                             pruner="median")), "pruner.name: 'median' cannot be used with multi_objective"),
+    (lambda d: d.update(budget={"n_trials": 0}), "budget.n_trials: must be >= 1"),
+    (lambda d: d.update(budget={"trials": 3}), "budget.trials: unknown key"),
+    (lambda d: d.update(trial_resources={"workers": 0}), "trial_resources.workers: must be >= 1"),
+    (lambda d: d.update(concurrency="many"), "concurrency: expected an integer"),
+    (lambda d: d.update(enqueue=[{"train.lr": 0.5}]), "enqueue[0].train.lr: 0.5 is outside [0.02, 0.08]"),
+    (lambda d: d.update(enqueue=[{"train.momentum": 0.5}]), "enqueue[0].train.momentum: unknown key"),
+    (lambda d: d.update(storge="x"), "storge: unknown key in the study file"),
+])
+def test_bad_study_files_name_the_field(tmp_path, partition_cache, edit, expected):
+    d = study_dict(tmp_path, partition_cache)
+    edit(d)
+    msg = _err(d, tmp_path)
+    assert expected in msg, msg
+
+
+def test_study_file_defaults_paths_and_cli_error(tmp_path, partition_cache, capsys):
+    cfg_file = tmp_path / "base.yaml"
+    cfg_file.write_text(yaml.safe_dump(base_config(tmp_path, partition_cache)))
+    d = study_dict(tmp_path, partition_cache, base_config="base.yaml", base_overrides=["train.rounds=3"])
+    d.pop("objective")
+    d.pop("pruner")
+    d.pop("sampler")
+    spec = load_study(write_study(tmp_path / "s.yaml", d))
+    assert spec.base_config_path == str(cfg_file.resolve())
+    assert spec.base_config["train"]["rounds"] == 3 and spec.max_rounds() == 3
+    assert spec.objectives[0].metric == "ema_accuracy" and spec.directions == ["maximize"]
+    assert spec.sampler.name == "tpe" and spec.pruner.name == "hyperband"
+    pruner = make_pruner(spec)
+    assert isinstance(pruner, optuna.pruners.HyperbandPruner) and pruner._max_resource == 3
+    assert session_seed(7, 0) == 7 and session_seed(7, 5) != 7
+
+    bad = write_study(tmp_path / "bad.yaml", study_dict(tmp_path, partition_cache, sampler="annealing"))
+    from fedray.cli import main
+
+    assert main(["tune", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "fedray tune: error: sampler.name: unknown sampler 'annealing'" in err and str(bad) in err
+
+
+@pytest.mark.parametrize("name", ["fedrcl_lbt", "fedccl_tau", "scala_server"])
+def test_shipped_studies_parse(name):
+    """Structure only: the algorithms they tune may not be installed in this checkout."""
+    spec = load_study(ROOT / "tuning" / "studies" / f"{name}.yaml", check_registries=False)
+    assert spec.name == name and spec.params and spec.n_trials >= 1
+    if name == "fedrcl_lbt":
+        lam, beta, tau = (spec.param(f"algorithm.params.{k}") for k in ("lam", "beta", "tau"))
+        assert (lam.low, lam.high, lam.log) == (0.3, 0.95, False)
+        assert (beta.low, beta.high, beta.log) == (0.01, 10.0, True)
+        assert (tau.low, tau.high, tau.log) == (0.02, 0.5, True)
+        assert spec.base_config["data"]["source"] == "mnist5k"
+
+
+def test_metric_tracker():
+    tr = MetricTracker(["mean_last5", "bytes_total", "seconds.train"])
+    for r, acc in enumerate([0.1, None, 0.3, 0.5, 0.6, 0.7, 0.8], start=1):
+        row = {"round": r, "bytes": {"broadcast": 10, "upload": 5}, "seconds": {"train": float(r)}}
+        if acc is not None:
+            row["accuracy"] = acc
+        tr.update(row)
+        if acc is None:
+            assert tr.intermediate() is None
+    assert tr.final() == [pytest.approx((0.3 + 0.5 + 0.6 + 0.7 + 0.8) / 5), 7 * 15.0, 7.0]
+
+
+# ------------------------------------------------------------------------------------------ outputs
+def _synthetic_study(spec, n_complete, values=None):
+    study = optuna.create_study(directions=spec.directions)
+    dists = spec.distributions()
+    for i in range(n_complete):
+        params = {"algorithm.params.mu": 10 ** (-4 + 3 * i / max(n_complete, 2)), "train.lr": 0.02 + 0.01 * (i % 6)}
+        v = values(i) if values else 0.5 + 0.05 * i - 0.3 * abs(params["train.lr"] - 0.05)
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=dists, values=v if isinstance(v, list) else [v],
+            intermediate_values={1: 0.3, 2: 0.4}, user_attrs={"run_dir": f"/x/trial-{i:04d}", "started_at": 1.0e9}))
+    study.add_trial(optuna.trial.create_trial(params={"algorithm.params.mu": 1e-3, "train.lr": 0.03},
+                                              distributions=dists, state=optuna.trial.TrialState.PRUNED,
+                                              intermediate_values={1: 0.1}))
+    return study
+
+
+def test_outputs_single_and_multi_objective(tmp_path, partition_cache, monkeypatch):
+    import tuning.outputs
+
+    monkeypatch.setattr(tuning.outputs, "IMPORTANCE_TREES", 8)  # the default 64 trees take seconds per call
+    spec = parse_study(study_dict(tmp_path, partition_cache), source_path=tmp_path / "s.yaml")
+    files = write_outputs(_synthetic_study(spec, 6), spec, tmp_path / "a", log=lambda m: None)
+    names = {p.name for p in files}
+    for f in ("trials.csv", "trials.md", "best_config.yaml", "history.png", "intermediate.png", "slice.png",
+              "importance.png", "contour_mu__lr.png", "importance.yaml"):
+        assert f in names, f
+    assert all(p.stat().st_size > 0 for p in files)
+    cfg = load_config(tmp_path / "a" / "best_config.yaml")
+    assert cfg.algorithm.name == "fedprox" and 0.02 <= cfg.train.lr <= 0.08
+    imp = yaml.safe_load((tmp_path / "a" / "importance.yaml").read_text())
+    again, why = tuning.outputs.param_importances(_synthetic_study(spec, 6), spec)
+    assert why is None and {k: float(v) for k, v in again.items()} == imp["importances"]  # fixed seed
+
+    # fewer than two complete trials: no importances, everything else still written
+    msgs = []
+    files = write_outputs(_synthetic_study(spec, 1), spec, tmp_path / "c", log=msgs.append)
+    assert "importance.png" not in {p.name for p in files} and "best_config.yaml" in {p.name for p in files}
+    assert any("at least 2 complete trials" in m for m in msgs)
+    imp, why = tuning.outputs.param_importances(_synthetic_study(spec, 3, values=lambda i: 0.5), spec)
+    assert imp is None and "different objective values" in why
+    files = write_outputs(optuna.create_study(direction="maximize"), spec, tmp_path / "d", log=msgs.append)
+    assert {p.name for p in files} == {"trials.csv", "trials.md"}
+
+    d = study_dict(tmp_path, partition_cache,
+                   multi_objective=[{"metric": "accuracy"}, {"metric": "bytes_total", "direction": "minimize"}])
+    d.pop("objective")
+    mspec = parse_study(d, source_path=tmp_path / "m.yaml")
+    assert mspec.pruning is False and mspec.directions == ["maximize", "minimize"]
+    study = _synthetic_study(mspec, 5, values=lambda i: [0.5 + 0.1 * i, 100.0 * (i + 1) ** 2 if i != 2 else 1e6])
+    files = write_outputs(study, mspec, tmp_path / "m", log=lambda m: None)
+    names = {p.name for p in files}
+    assert "pareto.png" in names and "best_config.yaml" not in names
+    pareto = sorted(p.name for p in files if p.parent.name == "pareto")
+    assert pareto == ["trial-0000.yaml", "trial-0001.yaml", "trial-0003.yaml", "trial-0004.yaml"]
+    load_config(tmp_path / "m" / "pareto" / "trial-0004.yaml")
+
+
+# ------------------------------------------------------------------- real studies: Ray concurrency
+@pytest.mark.ray
+def test_concurrent_trials_on_ray_with_pruning(tmp_path, partition_cache, ray_session, monkeypatch):
+    """Two trials at once on the shared local Ray, each on its own 1-worker slice; the rigged trial
+    (lr = 0: accuracy stays at chance) is pruned after round 1 by the median pruner."""
+    import tuning.outputs
+
+    monkeypatch.setattr(tuning.outputs, "IMPORTANCE_TREES", 8)
+    base = base_config(tmp_path, partition_cache, backend="ray")
+    good = [{"train.lr": 0.05, "algorithm.params.mu": 1e-3}, {"train.lr": 0.05, "algorithm.params.mu": 1e-2}]
+    bad = [{"train.lr": 0.0, "algorithm.params.mu": 1e-3}]
+    d = study_dict(tmp_path, partition_cache, name="ray_study", base_config=base,
+                   params={"train.lr": {"type": "categorical", "choices": [0.0, 0.05]},
+                           "algorithm.params.mu": {"type": "float", "low": 1e-4, "high": 1e-1, "log": True}},
+                   budget={"n_trials": 3}, pruner={"name": "median", "n_startup_trials": 1, "n_warmup_steps": 0},
+                   concurrency=2, trial_resources={"workers": 1, "cpus_per_worker": 1, "gpus_per_worker": 0},
+                   enqueue=good + bad)
+    spec = load_study(write_study(tmp_path / "ray_study.yaml", d))
+    logs = []
+    res = StudyRunner(spec, output_dir=tmp_path / "studies", log=logs.append).run()
+    assert res.concurrency == 2
+    trials = sorted(res.trials, key=lambda t: t.number)
+    assert [t.params["train.lr"] for t in trials] == [0.05, 0.05, 0.0]
+    # concurrency: the wall-clock intervals of the first two trials overlap
+    (a0, a1), (b0, b1) = [(t.user_attrs["started_at"], t.user_attrs["finished_at"]) for t in trials[:2]]
+    assert a0 < b1 and b0 < a1, (a0, a1, b0, b1)
+    # pruning: the rigged trial (started once a good one finished) stops after round 1 of 2
+    pruned = [t for t in trials if t.state.name == "PRUNED"]
+    assert 2 in {t.number for t in pruned}, [(t.number, t.state.name, t.intermediate_values) for t in trials]
+    for t in pruned:
+        assert t.user_attrs["pruned_at_round"] == 1 and t.user_attrs["rounds"] == 1
+        run = json.loads((Path(t.user_attrs["run_dir"]) / "run.json").read_text())
+        assert run["status"] == "stopped"
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert complete and all(t.params["train.lr"] == 0.05 for t in complete)
+    # each trial's run directory is kept, linked and named by the trial number
+    for t in trials:
+        rd = Path(t.user_attrs["run_dir"])
+        assert rd.name == f"trial-{t.number:04d}" and (rd / "metrics.jsonl").is_file()
+        cfg = load_config(rd / "config.yaml")
+        assert cfg.engine.num_workers == 1 and cfg.engine.worker_num_gpus == 0.0 and cfg.train.lr == t.params["train.lr"]
+    # outputs
+    sd = res.study_dir
+    rows = (sd / "trials.csv").read_text().splitlines()
+    assert len(rows) == 4 and rows[0].startswith("number,state,accuracy,train.lr,algorithm.params.mu")
+    best = load_config(sd / "best_config.yaml")
+    assert best.train.lr == 0.05 and best.engine.backend == "ray"
+    for png in ("history.png", "intermediate.png", "slice.png"):
+        assert (sd / "plots" / png).stat().st_size > 0
+    info = json.loads((sd / "study.json").read_text())
+    assert info["storage"] == str(sd / "journal.log") and info["sessions"][0]["resources"]["concurrency"] == 2
+    # running the same study again without --resume is refused
+    with pytest.raises(ConfigError, match="already exists"):
+        StudyRunner(spec, output_dir=tmp_path / "studies", log=logs.append).run()
+
+
+@pytest.mark.ray
+def test_concurrency_capped_by_cluster_resources(tmp_path, partition_cache, ray_session):
+    base = base_config(tmp_path, partition_cache, backend="ray")
+    d = study_dict(tmp_path, partition_cache, base_config=base, concurrency=8,
+                   trial_resources={"workers": 1, "cpus_per_worker": 1, "gpus_per_worker": 0.5})
+    runner = StudyRunner(parse_study(d, source_path=tmp_path / "s.yaml"), output_dir=tmp_path)
+    from fedray.config import from_dict
+
+    cap, res = runner._resources(from_dict(runner.spec.config_with({})))
+    assert cap == 2 and res["gpus_per_trial"] == 0.5  # 1 GPU / 0.5 per trial (4 CPUs would allow 4)
+    # without trial_resources a trial takes the base config's engine settings
+    d.pop("trial_resources")
+    runner = StudyRunner(parse_study({**d, "base_config": {**base, "engine": {"backend": "ray", "num_workers": 2,
+                                                                             "worker_num_gpus": 0.0}}},
+                                     source_path=tmp_path / "s.yaml"), output_dir=tmp_path)
+    cap, res = runner._resources(from_dict(runner.spec.config_with({})))
+    assert (res["workers"], res["cpus_per_trial"], res["gpus_per_trial"], cap) == (2, 2.0, 0.0, 2)
+    d["trial_resources"] = {"workers": 5, "cpus_per_worker": 1, "gpus_per_worker": 0}
+    runner = StudyRunner(parse_study(d, source_path=tmp_path / "s.yaml"), output_dir=tmp_path)
+    with pytest.raises(ConfigError, match="trial_resources: one trial needs 5 CPUs"):
+        runner._resources(from_dict(runner.spec.config_with({})))
+
+
+# ------------------------------------------------------------------------- SIGKILL mid-study + resume
+def _load(storage_path: Path, name: str):
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(storage_path)))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def test_resume_after_sigkill(tmp_path, partition_cache, monkeypatch):
+    """`python -m jobs.tune` (local backend) is SIGKILLed while a trial runs, then resumed to the end."""
+    d = study_dict(tmp_path, partition_cache, name="crash", budget={"n_trials": 3})
+    d["base_config"]["train"]["rounds"] = 1
+    study_file = write_study(tmp_path / "crash.yaml", d)
+    out = tmp_path / "studies"
+    journal = out / "crash" / "journal.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+    cmd = [sys.executable, "-m", "jobs.tune", "--study", str(study_file), "--output-dir", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    def ready_to_kill() -> bool:
+        """A trial has completed and another one is running (started: its params are complete)."""
+        if not journal.exists():
+            return False
+        try:
+            ts = _load(journal, "crash").get_trials(deepcopy=False)
+        except KeyError:  # the study is not created yet
+            return False
+        return (any(t.state.name == "COMPLETE" for t in ts)
+                and any(t.state.name == "RUNNING" and "run_dir" in t.user_attrs for t in ts))
+
+    try:
+        deadline = time.time() + 150
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.time() < deadline, "no trial completed in time"
+            if ready_to_kill():
+                proc.send_signal(signal.SIGSTOP)  # freeze the driver, check again, then kill it for good
+                if ready_to_kill():
+                    break
+                proc.send_signal(signal.SIGCONT)
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = {t.number: t for t in _load(journal, "crash").get_trials(deepcopy=False)}
+    orphans = [t for t in before.values() if t.state.name == "RUNNING"]
+    done_before = {n: t for n, t in before.items() if t.state.name == "COMPLETE"}
+    assert len(orphans) == 1 and done_before
+
+    # without --resume the existing study is refused
+    with pytest.raises(ConfigError, match="pass --resume"):
+        StudyRunner(load_study(study_file), output_dir=out).run()
+    r = subprocess.run(cmd + ["--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"trial {orphans[0].number} was left running by a dead driver" in r.stdout
+
+    after = {t.number: t for t in _load(journal, "crash").get_trials(deepcopy=False)}
+    for n, t in done_before.items():  # finished trials kept as they were
+        assert after[n].state.name == "COMPLETE" and after[n].values == t.values and after[n].params == t.params
+    orphan = after[orphans[0].number]
+    assert orphan.state.name == "FAIL" and orphan.user_attrs["orphaned"] is True
+    retries = [t for t in after.values() if t.user_attrs.get("retry_of") == orphan.number]
+    assert len(retries) == 1 and retries[0].params == orphan.params and retries[0].state.name == "COMPLETE"
+    ran = [t for t in after.values() if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(ran) == 3  # the budget counts finished trials over both sessions
+    keys = [json.dumps(t.params, sort_keys=True) for t in ran]
+    assert len(set(keys)) == len(keys), keys  # no parameters ran twice
+    assert all(t.state.name in ("COMPLETE", "FAIL") for t in after.values())
+    info = json.loads((out / "crash" / "study.json").read_text())
+    assert [s["resume"] for s in info["sessions"]] == [False, True]
+    assert info["sessions"][0]["status"] == "running" and info["sessions"][1]["status"] == "finished"
+    assert info["sessions"][1]["sampler_seed"] != info["sessions"][0]["sampler_seed"]
+    assert (out / "crash" / "best_config.yaml").is_file()
+
+    # resuming again is idempotent: nothing is re-enqueued or re-run
+    import tuning.outputs
+
+    monkeypatch.setattr(tuning.outputs, "IMPORTANCE_TREES", 8)
+    res = tune(study_file, resume=True, output_dir=out, log=lambda m: None)
+    assert len(res.trials) == len(after)
