@@ -6,8 +6,15 @@ Ray with 2 client workers (1 CPU, 1 torch thread each). Each implementation runs
 PSS and RSS of the whole process tree every 0.25 s (Ray's workers included). Prints a table with the
 ratios fedray / best floor. No assertions: figures only.
 
+``--multi-client M [M ...]`` adds fedray with ``engine.multi_client: M`` (docs/scaling.md). ``--flower``
+adds Flower's simulation engine (bench/flower_app, 2 Ray actors of 1 CPU, 1 torch thread) on the same
+workload, run from its own virtualenv ``bench/.flower-venv`` that the script creates on first use
+(``pip install flwr[simulation]==1.41.0 torch==2.13.0 mlxtend scikit-learn``; Flower pins its own Ray),
+and prints the fedray-vs-Flower ratios (end-to-end wall, rounds, rounds 2..R).
+
     .venv/bin/python bench/bench_workload.py                 # W1 and W2, 1 repetition
     .venv/bin/python bench/bench_workload.py --workloads W1 --reps 3 --json bench/out/w1.json
+    .venv/bin/python bench/bench_workload.py --multi-client 5 --flower --reps 2
 """
 
 from __future__ import annotations
@@ -25,6 +32,23 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+FLOWER_VENV = HERE / ".flower-venv"
+FLOWER_REQUIREMENTS = ["flwr[simulation]==1.41.0", "torch==2.13.0", "mlxtend", "scikit-learn", "numpy"]
+
+
+def ensure_flower_venv(base_python: str | None = None) -> Path:
+    """The Python of ``bench/.flower-venv``, created with Flower's simulation extra on first use. Flower
+    pins its own Ray, so it never shares fedray's environment."""
+    py = FLOWER_VENV / "bin" / "python"
+    marker = FLOWER_VENV / ".fedray-bench-ok"
+    if py.exists() and marker.exists() and marker.read_text().strip() == " ".join(FLOWER_REQUIREMENTS):
+        return py
+    base = base_python or getattr(sys, "_base_executable", None) or sys.executable
+    print(f"creating {FLOWER_VENV} with {' '.join(FLOWER_REQUIREMENTS)} (once)", file=sys.stderr)
+    subprocess.run([base, "-m", "venv", str(FLOWER_VENV)], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", *FLOWER_REQUIREMENTS], check=True)
+    marker.write_text(" ".join(FLOWER_REQUIREMENTS))
+    return py
 
 
 def _tree(pid: int) -> list[int]:
@@ -113,6 +137,10 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--json", help="also write all raw figures here")
     ap.add_argument("--skip-floor2", action="store_true", help="skip the 2-thread floor")
+    ap.add_argument("--multi-client", type=int, nargs="*", default=[], metavar="M",
+                    help="also run fedray with engine.multi_client=M (one implementation per M)")
+    ap.add_argument("--flower", action="store_true",
+                    help="also run Flower's simulation engine (virtualenv bench/.flower-venv, created on first use)")
     args = ap.parse_args(argv)
     py = sys.executable
     impls = {
@@ -123,6 +151,13 @@ def main(argv=None):
     }
     if args.skip_floor2:
         impls.pop("floor-2t")
+    for m in args.multi_client:
+        impls[f"fedray-2w-m{m}"] = (lambda m: lambda w: [py, str(HERE / "workload_fedray.py"), "--workload", w,
+                                                         "--backend", "ray", "--workers", "2",
+                                                         "--multi-client", str(m)])(m)
+    if args.flower:
+        fpy = str(ensure_flower_venv())
+        impls["flower-2a"] = lambda w: [fpy, str(HERE / "workload_flower.py"), "--workload", w, "--actors", "2"]
     raw = []
     for w in args.workloads:
         for rep in range(args.reps):
@@ -157,6 +192,16 @@ def main(argv=None):
         same = len({h for hs in hashes.values() for h in hs}) == 1
         print(f"{w}: final weights identical across implementations (1-thread floor vs fedray): "
               f"{hashes.get('floor-1t') == hashes.get('fedray-ray-2w')}; all: {same}")
+        if "flower-2a" in rows:
+            fl = rows["flower-2a"]
+            for n in [n for n in rows if n.startswith("fedray")]:
+                fr = rows[n]
+                wall = statistics.median(r.get("wall_s", float("nan")) for r in fl) / statistics.median(
+                    r.get("wall_s", float("nan")) for r in fr)
+                steady = statistics.median(statistics.mean(r["round_s"][1:]) for r in fl) / statistics.median(
+                    statistics.mean(r["round_s"][1:]) for r in fr)
+                print(f"{w}: Flower / {n}: end-to-end wall {wall:.2f}x, rounds {med['flower-2a'] / med[n]:.2f}x, "
+                      f"rounds 2..R {steady:.2f}x (higher = fedray faster)")
 
 
 if __name__ == "__main__":

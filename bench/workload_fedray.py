@@ -20,7 +20,7 @@ T0 = time.perf_counter()
 WORKLOADS = {"W1": (100, 10, 30), "W2": (500, 50, 10)}
 
 
-def config(workload: str, backend: str, workers: int, out: str, chunk: int | None = None) -> dict:
+def config(workload: str, backend: str, workers: int, out: str, chunk: int | None = None, multi_client: int = 1) -> dict:
     n, k, r = WORKLOADS[workload]
     return {
         "seed": 0,
@@ -31,7 +31,7 @@ def config(workload: str, backend: str, workers: int, out: str, chunk: int | Non
         "train": {"rounds": r, "clients_per_round": k, "batch_size": 10, "lr": 0.05},
         "eval": {"every": r},
         "engine": {"backend": backend, "num_workers": workers, "worker_num_cpus": 1, "torch_threads": 1,
-                   "chunk_size": chunk},
+                   "chunk_size": chunk, "multi_client": multi_client},
         "output": {"root": out, "checkpoint_every": 0, "tensorboard": False, "progress": False},
     }
 
@@ -42,6 +42,7 @@ def main(argv=None):
     ap.add_argument("--backend", choices=["ray", "local"], default="ray")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=None)
+    ap.add_argument("--multi-client", type=int, default=1, help="engine.multi_client: clients trained at once per worker")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -49,14 +50,15 @@ def main(argv=None):
     from fedray.engine.runner import run_experiment
 
     out = args.out or tempfile.mkdtemp(prefix="fedray-bench-")
-    cfg = from_dict(config(args.workload, args.backend, args.workers, out, args.chunk))
+    cfg = from_dict(config(args.workload, args.backend, args.workers, out, args.chunk, args.multi_client))
     t_call = time.perf_counter()
     res = run_experiment(cfg, progress=False, log=lambda *a: print(*a, file=sys.stderr))
     rounds = res.rounds
     round_s = [r["wall_seconds"] - (r["seconds"]["eval"] if i == len(rounds) - 1 else 0.0)
                for i, r in enumerate(rounds)]
     print(json.dumps({
-        "impl": f"fedray-{args.backend}-{args.workers}w", "workload": args.workload,
+        "impl": f"fedray-{args.backend}-{args.workers}w" + (f"-m{args.multi_client}" if args.multi_client > 1 else ""),
+        "workload": args.workload,
         # imports + data + partition + engine start (coordinator and workers ready), as WORKLOAD.md §8
         "startup_s": (t_call - T0) + res.startup_seconds,
         "rounds_s": float(sum(round_s)), "round_s": round_s, "accuracy": res.accuracy,

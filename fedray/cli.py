@@ -4,6 +4,8 @@
     fedray partition CONFIG [a.b=c ...]  build a partition (manifest + per-client shards), print statistics
     fedray datasets                      list data sources, partitioners, models and algorithms
     fedray report RUN_DIR [RUN_DIR ...]  rebuild tables and PNG plots from run directories
+    fedray tune STUDY.yaml [--resume]    hyper-parameter study over whole runs (docs/tuning.md)
+    fedray scale SCALE.yaml              client-count scaling sweep -> Parquet table + plots (docs/scaling.md)
 """
 
 from __future__ import annotations
@@ -85,6 +87,18 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_scale(args) -> int:
+    from fedray.scaling import main_cli
+
+    return main_cli(args.scale, output=args.output_dir, dry_run=args.dry_run)
+
+
+def _cmd_tune(args) -> int:
+    from tuning.runner import run_cli
+
+    return run_cli(args, "fedray tune")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedray", description="Federated-learning simulation on Ray.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -122,6 +136,26 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
     rep.add_argument("--out", help="output directory (default RUN_DIR/report, or ./report for several runs)")
     rep.set_defaults(func=_cmd_report)
+
+    from tuning.runner import add_arguments as _tune_arguments
+
+    tu = sub.add_parser("tune", help="hyper-parameter study (Optuna) over whole FL runs, trials in parallel",
+                        description="Run the Optuna study described by STUDY.yaml (docs/tuning.md): each trial is "
+                                    "one FL run, pruned per round, several trials at once on slices of the Ray "
+                                    "cluster; writes trials.csv/md, best_config.yaml and plots/ into the study "
+                                    "directory. --resume continues a crashed or interrupted study.")
+    tu.add_argument("study", metavar="STUDY.yaml")
+    _tune_arguments(tu)
+    tu.set_defaults(func=_cmd_tune)
+
+    sc = sub.add_parser("scale", help="client-count scaling sweep: throughput, latency split, memory -> table + plots",
+                        description="Run the sweep described by SCALE.yaml (docs/scaling.md): population size, clients "
+                                    "per round, client workers and engine.multi_client; one short run per point. "
+                                    "Writes scaling.parquet/csv/md and plots/*.png into the output directory.")
+    sc.add_argument("scale", metavar="SCALE.yaml")
+    sc.add_argument("--output-dir", help="output directory (default: the scale file's output field)")
+    sc.add_argument("--dry-run", action="store_true", help="list the points and exit")
+    sc.set_defaults(func=_cmd_scale)
     return p
 
 

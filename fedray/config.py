@@ -130,6 +130,9 @@ class EngineConfig:
     round_deadline_s: float | None = None  # straggler handling: aggregate what finished by the deadline
     object_store_memory: int | None = None  # bytes, only when fedray starts a local Ray
     fault_injection: dict[str, Any] = field(default_factory=dict)  # testing aid, see engine.faults
+    # clients trained at once per worker with stacked parameters (fedray.engine.multiclient); 1 = one at a time.
+    # Changes float results (within tolerance), so it is hashed.
+    multi_client: int = 1
 
 
 @dataclass
@@ -378,10 +381,16 @@ def validate_config(cfg: ExperimentConfig) -> None:
     _positive("engine.over_selection", e.over_selection, allow_zero=True)
     _positive("engine.round_deadline_s", e.round_deadline_s, allow_zero=True)
     _positive("engine.max_client_retries", e.max_client_retries, allow_zero=True)
+    _positive("engine.multi_client", e.multi_client)
     if e.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")
     _positive("output.checkpoint_every", cfg.output.checkpoint_every, allow_zero=True)
     _positive("output.keep_checkpoints", cfg.output.keep_checkpoints)
+
+
+# Fields added after runs existed: hashed only when they differ from this default, so the run names
+# (config hashes) of earlier configs stay the same.
+_HASH_ONLY_IF_NOT = {"engine.multi_client": 1}
 
 
 def _hash_view(d: dict, prefix: str = "") -> dict:
@@ -389,6 +398,8 @@ def _hash_view(d: dict, prefix: str = "") -> dict:
     for k, v in d.items():
         p = f"{prefix}.{k}" if prefix else k
         if p in _HASH_EXCLUDE:
+            continue
+        if p in _HASH_ONLY_IF_NOT and v == _HASH_ONLY_IF_NOT[p]:
             continue
         out[k] = _hash_view(v, p) if isinstance(v, dict) and not p.endswith("params") else v
     return out

@@ -10,13 +10,17 @@ or when. Updates are folded in *sampled order* (``new = a_1 w_1``, then ``new +=
 whatever order they finish in: results that arrive early wait in a reorder buffer, and dispatch never
 runs more than ``reorder_window`` clients ahead of the fold, so at most that many client results are
 held at once (memory bounded, independent of clients per round). The result is bit-identical for any
-number of workers, for the Ray and in-process backends, and after a crash and resume.
+number of workers, for the Ray and in-process backends, and after a crash and resume. The default task
+size (``engine.chunk_size``) is capped so that the window and the returning tasks hold about 256 MB of
+updates at most, whatever the clients per round; with ``engine.multi_client: m`` tasks are rounded up
+to whole groups of m consecutive sampled clients (fedray.engine.multiclient).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import os
 import time
 from collections import defaultdict
 
@@ -25,6 +29,10 @@ import torch
 
 from fedray.engine.pool import LocalPool, RayPool, WorkerLost
 from fedray.engine.worker import WorkerSpec
+
+
+# Default budget for client updates held by the coordinator at once (default chunk size; see _chunk_size).
+_HELD_UPDATES_BYTES = 256 << 20
 
 
 class Coordinator:
@@ -98,6 +106,27 @@ class Coordinator:
 
     def shutdown(self) -> None:
         self.pool.shutdown()
+
+    def memory(self) -> dict:
+        """Resident memory (MB) of this process now, at peak (VmHWM) and its private part (RssAnon; the rest
+        is mostly object-store pages it read), and of the client workers (sum of current RSS, largest
+        peak), each read from /proc by the process itself. In every round report as ``memory``."""
+        from fedray.scaling import proc_status
+
+        st = proc_status(os.getpid())
+        if self.pool.kind == "ray":
+            import ray
+
+            try:
+                w = ray.get([a.memory.remote() for a in self.pool.workers], timeout=30)
+            except Exception:  # noqa: BLE001 - a worker died after the round: the next round replaces it
+                w = [{"rss_mb": math.nan, "peak_mb": math.nan}]
+        else:
+            w = [{"rss_mb": st.get("VmRSS", math.nan), "peak_mb": st.get("VmHWM", math.nan)}] if self.pool.size else []
+        return {"coordinator_rss_mb": st.get("VmRSS", math.nan), "coordinator_peak_mb": st.get("VmHWM", math.nan),
+                "coordinator_anon_mb": st.get("RssAnon", math.nan),
+                "workers_rss_mb": float(sum(x["rss_mb"] for x in w)) if w else math.nan,
+                "workers_peak_mb": float(max(x["peak_mb"] for x in w)) if w else math.nan}
 
     # ------------------------------------------------------------------------------- round
     def sample(self, rnd: int) -> list[int]:
@@ -178,6 +207,7 @@ class Coordinator:
         secs["eval"] = time.perf_counter() - t0
         report["seconds"] = secs
         report["seconds_total"] = float(sum(secs.values()))
+        report["memory"] = self.memory()
         report["ledger"] = agg["ledger"]
         return report
 
@@ -209,8 +239,19 @@ class Coordinator:
     def _chunk_size(self, k: int) -> int:
         c = self.cfg.engine.chunk_size
         if c:
-            return int(c)
-        return max(1, int(math.ceil(k / (4 * self.pool.size))))
+            c = int(c)
+        else:
+            # about 4 tasks per worker and round, but no more clients per task than keep the updates held at
+            # once (reorder window ~ 2 x workers x chunk, plus the tasks returning) within _HELD_UPDATES_BYTES,
+            # so the coordinator's memory stays flat as clients per round grow
+            held = max(1, _HELD_UPDATES_BYTES // max(1, 4 * int(self.layout.size)))
+            cap = max(1, held // (3 * self.pool.size))
+            c = max(1, min(int(math.ceil(k / (4 * self.pool.size))), cap))
+        m = int(getattr(self.cfg.engine, "multi_client", 1) or 1)
+        if m > 1:  # whole groups of m consecutive sampled clients per task (fedray.engine.multiclient)
+            given = bool(self.cfg.engine.chunk_size)
+            c = (int(math.ceil(c / m)) if given else max(1, c // m)) * m
+        return c
 
     def _dispatch_and_fold(self, rnd: int, sampled: list[int], w_ref, p_ref) -> dict:
         """Run every sampled client once (with retries) and fold the results in sampled order."""
@@ -270,15 +311,17 @@ class Coordinator:
                 "attempt": attempts[out.cid] + 1,
             })
 
-        def retry_or_drop(pos, cid, reason):
+        def retry_or_drop(pos, cid, reason, push=True):
             nonlocal retries
             attempts[cid] += 1
             if attempts[cid] > int(e.max_client_retries):
                 results[pos] = None
                 dropped.append(cid)
-            else:
-                retries += 1
+                return False
+            retries += 1
+            if push:
                 heapq.heappush(queue, (pos, [(pos, cid)]))
+            return True
 
         while queue or inflight:
             if collect_all and done_ok >= target:
@@ -304,11 +347,15 @@ class Coordinator:
                             f"round {rnd}: more than engine.max_worker_restarts={e.max_worker_restarts} worker "
                             f"restarts; last error: {err}") from err
                     self.pool.replace(widx)
+                    again = []  # re-run as one task, so multi-client groups keep their members
                     for pos, cid in items:
                         ledger.append({"client": cid, "round": rnd, "samples": 0, "loss": math.nan, "seconds": 0.0,
                                        "worker": f"w{widx}", "failure": f"worker lost: {err}",
                                        "attempt": attempts[cid] + 1})
-                        retry_or_drop(pos, cid, "worker lost")
+                        if retry_or_drop(pos, cid, "worker lost", push=False):
+                            again.append((pos, cid))
+                    if again:
+                        heapq.heappush(queue, (again[0][0], again))
                     idle.append(widx)
                     continue
                 idle.append(widx)

@@ -1,0 +1,404 @@
+"""Multi-client execution: several clients of one round trained at once inside a worker.
+
+With ``engine.multi_client: m`` (m > 1) a worker trains the clients of its task in *groups* of m
+consecutive sampled clients (group ``j`` = sampled positions ``[j m, (j + 1) m)``) with stacked
+parameters: every trainable tensor gets a leading client axis, one forward pass runs all clients of the
+group through ``torch.func.functional_call`` under ``torch.func.vmap`` (a Linear becomes one batched
+matmul, a convolution one grouped convolution), one backward pass gives every client its own gradient
+(the group loss is the sum of the clients' losses, which share no parameters), and the optimizer update
+is applied to the stacked tensors (SGD with momentum / weight decay and Adam are elementwise, so this is
+exactly per-client). Per-client Python work (model reload, optimizer construction, small kernels) is paid
+once per group instead of once per client, which is what dominates small models and small clients.
+
+**Equal to sequential execution.** Each client sees exactly the batches of
+:func:`fedray.algorithms.base.local_sgd` (same permutation per epoch from the generator keyed by (seed,
+round, client), same augmentation generator, same learning rate, gradient clipping per client). The
+results are equal to sequential execution within float tolerance (different kernels sum in a different
+order), not bit for bit.
+
+**Ragged schedules.** Clients of a group usually differ in their number of batches, and a client's last
+batch may be smaller than ``train.batch_size``. Short batches are padded with zero rows that carry zero
+loss weight (the per-client loss is the sum over real rows divided by their count, as the batch mean of
+the sequential loop). The group is ordered by number of steps, longest first, so the clients still
+training are always a prefix of the stack: when a client has taken its last step its weights are read
+out and the stack (parameters and optimizer state) shrinks to the remaining prefix, so a finished client
+is never touched again and costs nothing.
+
+**Determinism.** A group's result depends only on its members, which are fixed by the sampled order and
+m; the coordinator rounds the task size (``engine.chunk_size``) up to a multiple of m, so groups never
+straddle two tasks and the final weights are identical for any number of workers and either backend.
+A client that fails on its own (an exception while reading its data) is left out of its group and
+retried alone, which changes its numerics within float tolerance only.
+
+**Scope.** Only algorithms whose local loss is cross-entropy on the model output, optionally plus a
+proximal term ``mu/2 ||w - w_broadcast||^2`` (FedAvg, FedProx, and FedACG's client term), opt in with
+``supports_multi_client = True`` declared on the class itself (not inherited: subclasses usually change
+the loss); models with BatchNorm (batch statistics) or active dropout are refused, as are stateful
+clients and the split program. :func:`check_multi_client` raises a :class:`~fedray.config.ConfigError`
+naming ``engine.multi_client`` before any work starts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from fedray.config import ConfigError
+
+__all__ = ["GroupMember", "check_multi_client", "declares_multi_client", "groups_of", "run_clients_grouped",
+           "supported_algorithms", "train_group"]
+
+
+# ------------------------------------------------------------------------------------------- checks
+def declares_multi_client(algorithm) -> bool:
+    """True when the algorithm's own class (not a base class) sets ``supports_multi_client = True``."""
+    return bool(type(algorithm).__dict__.get("supports_multi_client", False))
+
+
+def supported_algorithms() -> list[str]:
+    """Names of the registered algorithms that support multi-client execution."""
+    from fedray.algorithms import ALGORITHMS
+
+    return sorted(n for n, cls in ALGORITHMS.items() if cls.__dict__.get("supports_multi_client", False))
+
+
+def _unsupported_modules(model: nn.Module) -> tuple[list[str], list[str]]:
+    bn = [n or type(model).__name__ for n, mod in model.named_modules() if isinstance(mod, nn.modules.batchnorm._BatchNorm)]
+    drop = [n or type(model).__name__ for n, mod in model.named_modules()
+            if isinstance(mod, nn.modules.dropout._DropoutNd) and float(mod.p) > 0.0]
+    return bn, drop
+
+
+def check_multi_client(cfg, meta=None, *, model: nn.Module | None = None, algorithm=None) -> None:
+    """Raise ``ConfigError("engine.multi_client: ...")`` when the experiment cannot use multi-client
+    execution (m > 1): an algorithm that does not declare ``supports_multi_client``, a split or stateful
+    algorithm, a model with BatchNorm or dropout. Builds the algorithm and, given ``meta``, the model
+    when they are not passed in. Does nothing for ``engine.multi_client: 1``."""
+    m = int(cfg.engine.multi_client)
+    if m <= 1:
+        return
+    if algorithm is None:
+        from fedray.algorithms import build_algorithm
+
+        algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
+    where = f"engine.multi_client: {m} clients at once"
+    if getattr(algorithm, "program", "federated") != "federated":
+        raise ConfigError(f"{where} is not available for the {algorithm.program!r} program of algorithm "
+                          f"{cfg.algorithm.name!r}; set engine.multi_client: 1")
+    if not declares_multi_client(algorithm):
+        raise ConfigError(
+            f"{where} needs a local loss of cross-entropy on the model output (plus an optional proximal term); "
+            f"algorithm {cfg.algorithm.name!r} does not declare supports_multi_client (supported: "
+            f"{', '.join(supported_algorithms()) or 'none'}); set engine.multi_client: 1")
+    if getattr(algorithm, "stateful_clients", False):
+        raise ConfigError(f"{where} does not support stateful clients (algorithm {cfg.algorithm.name!r}); "
+                          f"set engine.multi_client: 1")
+    if model is None and meta is not None:
+        from fedray.models import model_for_meta
+
+        model = model_for_meta(cfg.model.name, meta, **cfg.model.params)
+    if model is not None:
+        bn, drop = _unsupported_modules(model)
+        if bn:
+            raise ConfigError(f"{where} needs a model without batch statistics; model {cfg.model.name!r} has "
+                              f"BatchNorm layers ({', '.join(bn[:4])}); use a GroupNorm variant or set "
+                              f"engine.multi_client: 1")
+        if drop:
+            raise ConfigError(f"{where} needs a model without dropout; model {cfg.model.name!r} has active dropout "
+                              f"({', '.join(drop[:4])}); set its dropout to 0 or engine.multi_client: 1")
+
+
+# ------------------------------------------------------------------------------------------- groups
+def groups_of(chunk: list[tuple[int, int]], m: int) -> list[list[tuple[int, int]]]:
+    """Split a task's ``(position, client)`` items into groups of the same block ``position // m``,
+    in order. With tasks aligned to multiples of m this gives the fixed groups of the module docstring."""
+    out: list[list[tuple[int, int]]] = []
+    block = None
+    for pos, cid in chunk:
+        b = int(pos) // m
+        if not out or b != block:
+            out.append([])
+            block = b
+        out[-1].append((pos, cid))
+    return out
+
+
+@dataclass
+class GroupMember:
+    """One client of a group: its id, sampled position and data (numpy views of its shard)."""
+
+    cid: int
+    pos: int
+    images: np.ndarray
+    labels: np.ndarray
+
+
+@dataclass
+class MemberResult:
+    weights: np.ndarray
+    num_samples: int
+    loss: float
+    steps: int
+
+
+def _schedule(ctx, train) -> list[np.ndarray]:
+    """The batches of ``local_sgd`` for one client: row indices per step, all epochs."""
+    n = ctx.num_samples
+    bs = int(train.batch_size)
+    order = ctx.rng("order")
+    out = []
+    for _ in range(int(train.local_epochs)):
+        perm = order.permutation(n)
+        stop = (n // bs) * bs if train.drop_last else n
+        out.extend(perm[i : i + bs] for i in range(0, stop, bs))
+    return out
+
+
+class _StackedOptimizer:
+    """SGD (momentum, weight decay) or Adam on tensors with a leading client axis, elementwise as
+    ``torch.optim.SGD`` / ``torch.optim.Adam`` (defaults: dampening 0, no Nesterov; betas 0.9/0.999,
+    eps 1e-8, L2 weight decay). All stacked clients have taken the same number of steps, so Adam's
+    bias correction is shared. ``keep(a)`` drops every client row past the first ``a``."""
+
+    def __init__(self, train, lr: float):
+        self.kind = train.optimizer
+        self.lr = float(lr)
+        self.momentum = float(train.momentum)
+        self.wd = float(train.weight_decay)
+        self.state: dict[str, list[torch.Tensor]] = {}
+        self.t = 0
+
+    def keep(self, a: int) -> None:
+        for k, ts in self.state.items():
+            self.state[k] = [t[:a] for t in ts]
+
+    @torch.no_grad()
+    def step(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        self.t += 1
+        if self.wd:
+            grads = [g.add(p, alpha=self.wd) for p, g in zip(params, grads)]
+        if self.kind == "adam":
+            b1, b2, eps = 0.9, 0.999, 1e-8
+            if not self.state:
+                self.state = {"m": [torch.zeros_like(p) for p in params], "v": [torch.zeros_like(p) for p in params]}
+            bc1 = 1 - b1**self.t
+            bc2_sqrt = math.sqrt(1 - b2**self.t)
+            step_size = self.lr / bc1
+            for p, g, m, v in zip(params, grads, self.state["m"], self.state["v"]):
+                m.lerp_(g, 1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(eps), value=-step_size)
+            return
+        if self.momentum:
+            if not self.state:
+                self.state = {"buf": [g.clone() for g in grads]}
+            else:
+                for b, g in zip(self.state["buf"], grads):
+                    b.mul_(self.momentum).add_(g)
+            grads = self.state["buf"]
+        for p, g in zip(params, grads):
+            p.add_(g, alpha=-self.lr)
+
+
+def _clip_per_client(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
+    """``clip_grad_norm_`` per client row: total L2 norm over the client's gradients, coefficient
+    ``max_norm / (norm + 1e-6)`` clamped to 1."""
+    sq = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads]).sum(0)  # (a,)
+    coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+    return [g * coef.view(-1, *([1] * (g.dim() - 1))) for g in grads]
+
+
+_WORKSPACES: dict = {}
+
+
+def _workspace(model: nn.Module, names: list[str], shapes: list[tuple], rows: int, device: torch.device) -> list[torch.Tensor]:
+    """Stacked parameter buffers of at least ``rows`` clients, kept per model and reused by every group:
+    large fresh allocations are returned to the OS after each use and cost a page fault per 4 KiB when
+    touched again, which for a multi-megabyte model costs more than the training step itself."""
+    key = (id(model), tuple(names), str(device))
+    bufs = _WORKSPACES.get(key)
+    if bufs is None or bufs[0].shape[0] < rows:
+        if len(_WORKSPACES) > 4:
+            _WORKSPACES.clear()
+        bufs = [torch.empty((rows, *shape), dtype=torch.float32, device=device) for shape in shapes]
+        _WORKSPACES[key] = bufs
+    return bufs
+
+
+def train_group(model: nn.Module, layout, global_weights: np.ndarray, members: list[GroupMember], *, rnd: int,
+                seed: int, train, meta, normalize: bool, augment=None, device: torch.device | str = "cpu",
+                prox_mu: float = 0.0) -> list[MemberResult]:
+    """Train ``members`` (one round, all from ``global_weights``) at once; one result per member, in order.
+
+    ``model`` is any module with the flat ``layout`` (:class:`fedray.engine.weights.WeightLayout`); its own
+    tensors are not modified. ``prox_mu`` adds ``prox_mu/2 ||w - w_global||^2`` to every client's loss
+    (FedProx's mu, FedACG's client term). See the module docstring for the schedule and the equivalence
+    with :func:`fedray.algorithms.base.local_sgd`.
+    """
+    from fedray.algorithms.base import ClientContext
+    from fedray.data.loader import to_float
+
+    device = torch.device(device)
+    gw = np.asarray(global_weights, dtype=np.float32)
+    if gw.shape != (layout.size,):
+        raise ValueError(f"weight vector has shape {gw.shape}, the model's flat layout needs ({layout.size},)")
+    g = torch.from_numpy(gw if gw.flags.writeable else gw.copy()).to(device)
+    slices = {name: (off, n, shape) for name, shape, off, n in layout.slices()}
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    missing = [n for n in trainable if n not in slices]
+    if missing:
+        raise ValueError(f"trainable parameters {missing} are not in the flat layout")
+    fixed = {name: g[off : off + n].view(shape) for name, (off, n, shape) in slices.items() if name not in trainable}
+    anchors = [g[slices[n][0] : slices[n][0] + slices[n][1]].view(slices[n][2]) for n in trainable]
+
+    # per-member schedules (the exact batches of local_sgd) and generators
+    ctxs, scheds, gens = [], [], []
+    for mem in members:
+        ctx = ClientContext(cid=int(mem.cid), rnd=int(rnd), seed=int(seed), model=model, flat=None,
+                            global_weights=gw, images=mem.images, labels=mem.labels, meta=meta, train=train,
+                            device=device, normalize=normalize, augment=augment)
+        ctxs.append(ctx)
+        scheds.append(_schedule(ctx, train))
+        gens.append(ctx.torch_generator("augment") if augment is not None else None)
+    steps = [len(s) for s in scheds]
+    results: list[MemberResult | None] = [None] * len(members)
+    for i, s in enumerate(steps):  # nothing to train (drop_last with fewer rows than a batch)
+        if s == 0:
+            results[i] = MemberResult(weights=gw.copy(), num_samples=int(members[i].labels.shape[0]), loss=math.nan,
+                                      steps=0)
+    order = sorted((i for i in range(len(members)) if steps[i] > 0), key=lambda i: -steps[i])  # stable
+    if not order:
+        return results  # type: ignore[return-value]
+
+    a = len(order)
+    params = [buf[:a].detach().copy_(anc.unsqueeze(0).expand_as(buf[:a])).requires_grad_(True)
+              for buf, anc in zip(_workspace(model, trainable, [slices[n][2] for n in trainable], a, device), anchors)]
+    opt = _StackedOptimizer(train, ctxs[order[0]].lr())
+    bs = int(train.batch_size)
+    shape = tuple(meta.shape)
+    totals = [0.0] * len(members)
+    seen = [0] * len(members)
+
+    def forward_one(p: dict, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(model, {**p, **fixed}, (x,))
+
+    batched = vmap(forward_one, in_dims=(0, 0))
+
+    def finish(upto: int) -> None:
+        """Read out the weights of the stacked rows ``upto..a-1`` (clients that took their last step)."""
+        for row in range(upto, a):
+            i = order[row]
+            w = gw.copy()
+            for n, p in zip(trainable, params):
+                off, cnt, _ = slices[n]
+                w[off : off + cnt] = p[row].detach().reshape(-1).to("cpu").numpy()
+            results[i] = MemberResult(weights=w, num_samples=int(members[i].labels.shape[0]),
+                                      loss=totals[i] / seen[i] if seen[i] else math.nan, steps=steps[i])
+
+    was_training = model.training
+    model.train()
+    try:
+        for t in range(steps[order[0]]):
+            active = sum(1 for i in order if steps[i] > t)
+            if active < a:
+                finish(active)
+                a = active
+                params = [p.detach()[:a].requires_grad_(True) for p in params]
+                opt.keep(a)
+            xs = torch.zeros((a, bs, *shape), dtype=torch.float32, device=device)
+            ys = torch.zeros((a, bs), dtype=torch.int64, device=device)
+            mask = torch.zeros((a, bs), dtype=torch.float32, device=device)
+            counts = []
+            for row in range(a):
+                i = order[row]
+                idx = scheds[i][t]
+                xb = to_float(torch.from_numpy(members[i].images[idx]), meta, normalize)
+                if augment is not None:
+                    xb = augment(xb, gens[i])
+                b = int(idx.shape[0])
+                xs[row, :b] = xb.to(device)
+                ys[row, :b] = torch.from_numpy(np.asarray(members[i].labels[idx], dtype=np.int64)).to(device)
+                mask[row, :b] = 1.0
+                counts.append(b)
+            cnt = torch.tensor(counts, dtype=torch.float32, device=device)
+            logits = batched(dict(zip(trainable, params)), xs)  # (a, bs, classes)
+            ce = F.cross_entropy(logits.reshape(a * bs, -1), ys.reshape(-1), reduction="none").view(a, bs)
+            loss = (ce * mask).sum(1) / cnt
+            if prox_mu:
+                sq = torch.stack([(p - anc).pow(2).flatten(1).sum(1) for p, anc in zip(params, anchors)]).sum(0)
+                loss = loss + 0.5 * float(prox_mu) * sq
+            grads = list(torch.autograd.grad(loss.sum(), params))
+            if train.grad_clip is not None:
+                grads = _clip_per_client(grads, float(train.grad_clip))
+            opt.step(params, grads)
+            lv = loss.detach().to("cpu").tolist()
+            for row in range(a):
+                i = order[row]
+                totals[i] += float(lv[row]) * counts[row]
+                seen[i] += counts[row]
+        finish(0)
+    finally:
+        model.train(was_training)
+    return results  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------------- worker hook
+def run_clients_grouped(worker, rnd: int, weights, payload: dict, chunk: list[tuple[int, int]]) -> list:
+    """``ClientWorker.run_clients`` for ``engine.multi_client > 1``: train the task's clients in groups
+    (:func:`groups_of`) with :func:`train_group`; one :class:`~fedray.engine.worker.ClientOutcome` per
+    client, in the task's order. Fault injection and data errors are per client (that client is left
+    out of its group and reported failed); an error while training a group fails its clients."""
+    from fedray.engine.worker import ClientOutcome
+
+    m = int(worker.cfg.engine.multi_client)
+    if not getattr(worker, "_multi_client_checked", False):
+        check_multi_client(worker.cfg, model=worker.model, algorithm=worker.algorithm)
+        worker._multi_client_checked = True
+    weights = np.asarray(weights)
+    mu_fn = getattr(worker.algorithm, "multi_client_prox_mu", None)
+    prox_mu = float(payload.get("prox_mu") or 0.0) + (float(mu_fn(payload)) if mu_fn is not None else 0.0)
+    outcomes: dict[int, ClientOutcome] = {}
+
+    def failed(pos, cid, err: BaseException, seconds: float) -> ClientOutcome:
+        return ClientOutcome(cid=cid, pos=pos, weights=None, num_samples=0, loss=float("nan"), seconds=seconds,
+                             worker=worker.name,
+                             error=f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=8)}")
+
+    for group in groups_of(chunk, m):
+        t0 = time.perf_counter()
+        members: list[GroupMember] = []
+        for pos, cid in group:
+            try:
+                worker._maybe_fault(rnd, cid)
+                images, labels = worker.store.client_arrays(cid)
+                members.append(GroupMember(cid=cid, pos=pos, images=images, labels=labels))
+            except Exception as e:  # noqa: BLE001 - reported per client, the coordinator decides
+                outcomes[pos] = failed(pos, cid, e, time.perf_counter() - t0)
+        if not members:
+            continue
+        try:
+            res = train_group(worker.model, worker.flat.layout, weights, members, rnd=rnd, seed=int(worker.cfg.seed),
+                              train=worker.cfg.train, meta=worker.meta, normalize=bool(worker.cfg.data.normalize),
+                              augment=worker.augment, device=worker.device, prox_mu=prox_mu)
+        except Exception as e:  # noqa: BLE001
+            dt = time.perf_counter() - t0
+            for mem in members:
+                outcomes[mem.pos] = failed(mem.pos, mem.cid, e, dt / len(members))
+            continue
+        dt = time.perf_counter() - t0
+        total_steps = sum(r.steps for r in res)
+        for mem, r in zip(members, res):
+            # the group's wall time, shared out in proportion to each client's steps
+            share = r.steps / total_steps if total_steps else 1.0 / len(res)
+            outcomes[mem.pos] = ClientOutcome(cid=mem.cid, pos=mem.pos, weights=r.weights, num_samples=r.num_samples,
+                                              loss=r.loss, seconds=dt * share, worker=worker.name,
+                                              metrics={"group_size": len(members)})
+    return [outcomes[pos] for pos, _ in chunk if pos in outcomes]

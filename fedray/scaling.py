@@ -1,0 +1,659 @@
+"""Client-count scaling experiments: ``fedray scale SCALE.yaml`` and ``python -m jobs.scale``.
+
+A *scale file* names a base experiment and the axes to sweep; every point of the sweep is one short FL run
+(:func:`fedray.engine.runner.run_experiment`) whose round reports are reduced to one row of a table::
+
+    name: scale_small
+    base: fedavg_synthetic.yaml        # experiment config (path relative to this file), or
+    experiment: {...}                  # ... the experiment inline (base + experiment: inline wins)
+    overrides: [train.lr=0.05]         # a.b=c overrides applied to the base
+    rounds: 3                          # rounds per point (train.rounds); round 1 is reported apart (warm-up)
+    output: scale-out/scale_small      # where the table and plots go (relative to the working directory)
+    ray: {num_cpus: 4}                 # ray.init arguments when fedray starts a local Ray (optional)
+    defaults: {population: 1000, clients_per_round: 50, num_workers: 2, multi_client: 1}
+    sweeps:                            # each entry: a grid over its axes, the others at `defaults`
+      - {clients_per_round: [10, 100, 1000], multi_client: [1, 16]}
+      - {population: [100, 10000, 100000]}
+      - {num_workers: [1, 2, 4]}
+
+``sweep: {...}`` (one grid) may be given instead of ``sweeps``. Axes: ``population`` (number of clients:
+``data.partition.num_clients``, and the ``synthetic`` source's ``num_clients``), ``clients_per_round``
+(``train.clients_per_round``), ``num_workers`` (``engine.num_workers``) and ``multi_client``
+(``engine.multi_client``). Points are de-duplicated; a point with more clients per round than clients is
+recorded as skipped. Workers that do not fit the Ray cluster's CPUs get ``worker_num_cpus`` lowered so
+they do (recorded per point): on a small machine a worker sweep then measures over-subscription.
+
+Outputs in the output directory: ``scaling.parquet`` (columns in :data:`COLUMNS`), ``scaling.csv``,
+``scaling.md`` (the printed table), ``scale.yaml`` (the resolved scale file), ``plots/*.png``
+(throughput vs clients per round, latency split vs population, memory vs population and vs clients
+per round, speed-up vs workers; a plot is skipped when its axis has a single value) and ``runs/`` (the
+run directories of the points). See docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedray.config import ConfigError, apply_overrides, from_dict, read_config_file
+
+AXES = ("population", "clients_per_round", "num_workers", "multi_client")
+_AXIS_DEFAULTS = {"population": None, "clients_per_round": None, "num_workers": 2, "multi_client": 1}
+_SCALE_KEYS = {"name", "base", "experiment", "overrides", "rounds", "output", "ray", "defaults", "sweep", "sweeps"}
+
+#: The columns of ``scaling.parquet``, in order, with their meaning (also rendered in docs/scaling.md).
+COLUMNS: dict[str, str] = {
+    "point": "index of the point in the sweep",
+    "population": "clients in the population (data.partition.num_clients)",
+    "clients_per_round": "clients sampled per round (train.clients_per_round)",
+    "num_workers": "client workers (engine.num_workers)",
+    "multi_client": "clients trained at once per worker (engine.multi_client)",
+    "worker_num_cpus": "CPUs reserved per worker (lowered when the workers would not fit the cluster)",
+    "backend": "engine.backend (ray or local)",
+    "source": "data.source",
+    "model": "model.name",
+    "algorithm": "algorithm.name",
+    "num_params": "length of the flat weight vector (parameters and float buffers)",
+    "rounds": "rounds run",
+    "status": "ok, skipped: <why> or failed: <error>",
+    "client_updates": "client updates in the measured rounds (rounds 2..R; round 1 when R = 1)",
+    "samples": "training samples in the measured rounds",
+    "client_updates_per_s": "client_updates / measured round seconds without evaluation",
+    "samples_per_s": "samples / measured round seconds without evaluation",
+    "round_s": "mean wall seconds of a measured round as the driver sees it (incl. evaluation)",
+    "round1_s": "wall seconds of round 1 (cold start: first-touch kernels, worker warm-up)",
+    "sample_s": "mean seconds sampling clients (coordinator)",
+    "broadcast_s": "mean seconds putting the weights and payload into the object store",
+    "train_s": "mean seconds of dispatch + client training, minus the fold",
+    "aggregate_s": "mean seconds of the ordered fold + server optimizer step",
+    "eval_s": "mean seconds evaluating the global model",
+    "overhead_s": "round_s minus the coordinator's own seconds (driver round trip, ledger write)",
+    "startup_s": "seconds from the call to the first round (data, partition, engine start)",
+    "total_s": "wall seconds of the whole point",
+    "coordinator_rss_mb": "coordinator resident memory after the last round (MB)",
+    "coordinator_peak_mb": "coordinator peak resident memory (VmHWM, MB; includes object-store pages it read)",
+    "coordinator_anon_mb": "largest private (anonymous) memory of the coordinator at a round end (MB)",
+    "workers_rss_mb": "sum of the workers' resident memory after the last round (MB)",
+    "workers_peak_mb": "largest peak resident memory (VmHWM) of one worker (MB)",
+    "driver_rss_mb": "resident memory of the process running the sweep after the point (MB)",
+    "object_store_used_mb": "largest object-store use seen at round ends (MB; NaN without Ray)",
+    "object_store_spilled_mb": "bytes spilled to disk by the object store during the point (MB)",
+    "gpu_util_mean_pct": "mean GPU utilisation sampled every 0.5 s during the rounds (NaN without GPUs)",
+    "gpu_util_max_pct": "largest sampled GPU utilisation (NaN without GPUs)",
+    "gpu_mem_max_mb": "largest sampled GPU memory in use, all GPUs together (NaN without GPUs)",
+    "speedup_vs_fewest_workers": "client_updates_per_s over that of the same point with the fewest workers",
+    "accuracy": "test accuracy after the last round",
+    "weights_hash": "hash of the final global weights",
+}
+
+
+# ------------------------------------------------------------------------------------------- memory
+def proc_memory_mb(pid: int) -> tuple[float, float]:
+    """(current RSS, peak RSS = VmHWM) of process ``pid`` in MB from /proc; NaNs when unreadable
+    (another node, a finished process, no /proc)."""
+    st = proc_status(pid)
+    return st.get("VmRSS", math.nan), st.get("VmHWM", math.nan)
+
+
+def proc_status(pid: int) -> dict[str, float]:
+    """The ``Vm*`` / ``Rss*`` lines of /proc/<pid>/status in MB (empty when unreadable)."""
+    out: dict[str, float] = {}
+    try:
+        with open(f"/proc/{int(pid)}/status") as f:
+            for line in f:
+                if line.startswith(("Vm", "Rss")) and line.rstrip().endswith("kB"):
+                    key, val = line.split(":", 1)
+                    out[key] = int(val.split()[0]) / 1024.0
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+class ObjectStoreProbe:
+    """Object-store use of the connected Ray cluster (bytes in use, bytes spilled), via the raylet's
+    memory-info RPC that ``ray memory --stats-only`` uses. ``read()`` returns NaNs when Ray is not
+    initialised or the (private) API is unavailable."""
+
+    def __init__(self):
+        self._state = None
+        self._failed = False
+
+    def read(self) -> tuple[float, float]:
+        if self._failed:
+            return math.nan, math.nan
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                return math.nan, math.nan
+            from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+            if self._state is None:
+                self._state = get_state_from_address(ray.get_runtime_context().gcs_address)
+            st = get_memory_info_reply(self._state, timeout_seconds=10.0).store_stats
+            return st.object_store_bytes_used / 2**20, st.spilled_bytes_total / 2**20
+        except Exception:  # noqa: BLE001 - a measurement aid: never fail the sweep for it
+            self._failed = True
+            return math.nan, math.nan
+
+
+class GpuSampler(threading.Thread):
+    """Samples ``nvidia-smi`` (utilisation %, memory used MB, summed over GPUs) every ``period`` s.
+    Does nothing where ``nvidia-smi`` is missing or reports no GPU."""
+
+    def __init__(self, period: float = 0.5):
+        super().__init__(daemon=True)
+        self.period = period
+        self.util: list[float] = []
+        self.mem: list[float] = []
+        self._halt = threading.Event()
+        self.available = shutil.which("nvidia-smi") is not None
+
+    def _read(self) -> tuple[float, float] | None:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        rows = [r.split(",") for r in out.stdout.strip().splitlines() if r.strip()]
+        if out.returncode != 0 or not rows:
+            return None
+        try:
+            return float(np.mean([float(r[0]) for r in rows])), float(sum(float(r[1]) for r in rows))
+        except (ValueError, IndexError):
+            return None
+
+    def run(self) -> None:
+        if not self.available:
+            return
+        while not self._halt.is_set():
+            got = self._read()
+            if got is None:
+                return
+            self.util.append(got[0])
+            self.mem.append(got[1])
+            self._halt.wait(self.period)
+
+    def stop(self) -> dict:
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout=10)
+        if not self.util:
+            return {"gpu_util_mean_pct": math.nan, "gpu_util_max_pct": math.nan, "gpu_mem_max_mb": math.nan}
+        return {"gpu_util_mean_pct": float(np.mean(self.util)), "gpu_util_max_pct": float(np.max(self.util)),
+                "gpu_mem_max_mb": float(np.max(self.mem))}
+
+
+# ------------------------------------------------------------------------------------------- scale file
+@dataclass
+class ScaleSpec:
+    name: str
+    base: dict  # experiment config as a dict (overrides applied)
+    rounds: int
+    output: Path
+    ray: dict = field(default_factory=dict)
+    points: list[dict] = field(default_factory=list)  # one {axis: value} per point
+    source_path: str | None = None
+
+
+def _int_list(field_name: str, value: Any) -> list[int]:
+    vals = value if isinstance(value, list) else [value]
+    if not vals:
+        raise ConfigError(f"{field_name}: the list of values is empty")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{field_name}: values must be integers >= 1, got {v!r}")
+    return [int(v) for v in vals]
+
+
+def load_scale(path: str | Path | None = None, *, data: dict | None = None, output: str | Path | None = None) -> ScaleSpec:
+    """Read and validate a scale file (or the mapping ``data``); errors name the offending field."""
+    if data is None:
+        if path is None:
+            raise ConfigError("scale: give a scale file or its contents")
+        data = read_config_file(path)
+    data = dict(data)
+    unknown = sorted(set(data) - _SCALE_KEYS)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown field in the scale file (known: {', '.join(sorted(_SCALE_KEYS))})")
+    here = Path(path).resolve().parent if path is not None else Path.cwd()
+    base: dict = {}
+    if data.get("base") is not None:
+        if not isinstance(data["base"], str):
+            raise ConfigError(f"base: expected the path of an experiment config, got {data['base']!r}")
+        bp = Path(data["base"])
+        bp = bp if bp.is_absolute() else here / bp
+        if not bp.is_file():
+            raise ConfigError(f"base: experiment config {str(bp)!r} does not exist")
+        base = read_config_file(bp)
+    if data.get("experiment") is not None:
+        if not isinstance(data["experiment"], dict):
+            raise ConfigError(f"experiment: expected a mapping (an inline experiment config), got {data['experiment']!r}")
+        base = _deep_merge(base, data["experiment"])
+    if not base and data.get("base") is None and data.get("experiment") is None:
+        raise ConfigError("base: the scale file needs a base experiment (base: PATH or experiment: {...})")
+    ovs = data.get("overrides") or []
+    if not isinstance(ovs, list) or not all(isinstance(o, str) for o in ovs):
+        raise ConfigError(f"overrides: expected a list of a.b=c strings, got {ovs!r}")
+    base = apply_overrides(base, ovs)
+    from_dict(base)  # the base experiment must be valid on its own
+    rounds = data.get("rounds", 3)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"rounds: expected an integer >= 1, got {rounds!r}")
+    ray_args = data.get("ray") or {}
+    if not isinstance(ray_args, dict):
+        raise ConfigError(f"ray: expected a mapping of ray.init arguments, got {ray_args!r}")
+    name = data.get("name") or (Path(path).stem if path is not None else "scale")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"name: expected a non-empty string, got {name!r}")
+    out = output if output is not None else data.get("output") or f"scale-out/{name}"
+    if not isinstance(out, (str, Path)):
+        raise ConfigError(f"output: expected a directory path, got {out!r}")
+
+    cfg = from_dict(base)
+    defaults = dict(_AXIS_DEFAULTS)
+    defaults.update(population=int(cfg.data.partition.num_clients), clients_per_round=int(cfg.train.clients_per_round),
+                    multi_client=int(cfg.engine.multi_client))
+    if cfg.engine.num_workers is not None:
+        defaults["num_workers"] = int(cfg.engine.num_workers)
+    given = data.get("defaults") or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"defaults: expected a mapping of axis values, got {given!r}")
+    for k, v in given.items():
+        if k not in AXES:
+            raise ConfigError(f"defaults.{k}: unknown axis (known: {', '.join(AXES)})")
+        if isinstance(v, list):
+            raise ConfigError(f"defaults.{k}: expected one integer (one default per axis), got the list {v!r}")
+        defaults[k] = _int_list(f"defaults.{k}", v)[0]
+    if "sweep" in data and "sweeps" in data:
+        raise ConfigError("sweeps: give either sweep (one grid) or sweeps (a list of grids), not both")
+    grids = data.get("sweeps") if "sweeps" in data else [data.get("sweep") or {}]
+    if not isinstance(grids, list) or not grids:
+        raise ConfigError(f"sweeps: expected a non-empty list of grids, got {grids!r}")
+    points: list[dict] = []
+    seen = set()
+    for gi, grid in enumerate(grids):
+        where = "sweep" if "sweeps" not in data else f"sweeps[{gi}]"
+        if not isinstance(grid, dict):
+            raise ConfigError(f"{where}: expected a mapping axis -> list of values, got {grid!r}")
+        for k in grid:
+            if k not in AXES:
+                raise ConfigError(f"{where}.{k}: unknown axis (known: {', '.join(AXES)})")
+        lists = [_int_list(f"{where}.{a}", grid[a]) if a in grid else [defaults[a]] for a in AXES]
+        for combo in itertools.product(*lists):
+            key = tuple(combo)
+            if key in seen:
+                continue
+            seen.add(key)
+            points.append(dict(zip(AXES, combo)))
+    return ScaleSpec(name=name, base=base, rounds=int(rounds), output=Path(out), ray=dict(ray_args), points=points,
+                     source_path=str(Path(path).resolve()) if path is not None else None)
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def point_config(spec: ScaleSpec, point: dict, cluster_cpus: float | None = None) -> dict:
+    """The experiment config (a dict) of one point: the base with the point's axes, ``spec.rounds``
+    rounds, run directories under ``<output>/runs``, no checkpoints, TensorBoard or progress bars."""
+    cfg = copy.deepcopy(spec.base)
+    data = cfg.setdefault("data", {})
+    part = data.setdefault("partition", {})
+    part["num_clients"] = int(point["population"])
+    if data.get("source") == "synthetic":
+        data.setdefault("params", {})["num_clients"] = int(point["population"])
+    cfg.setdefault("train", {})
+    cfg["train"]["clients_per_round"] = int(point["clients_per_round"])
+    cfg["train"]["rounds"] = int(spec.rounds)
+    eng = cfg.setdefault("engine", {})
+    eng["num_workers"] = int(point["num_workers"])
+    eng["multi_client"] = int(point["multi_client"])
+    if cluster_cpus is not None and eng.get("backend", "ray") == "ray":
+        per = float(eng.get("worker_num_cpus", 1.0))
+        coord = float(eng.get("coordinator_num_cpus", 0.0))
+        room = max(0.0, cluster_cpus - coord)
+        if per * point["num_workers"] > room + 1e-9:
+            eng["worker_num_cpus"] = math.floor(room / point["num_workers"] * 1000) / 1000
+    out = cfg.setdefault("output", {})
+    out["root"] = str(spec.output / "runs")
+    out["name"] = "p{:03d}-P{}-K{}-W{}-m{}".format(point.get("index", 0), point["population"],
+                                                  point["clients_per_round"], point["num_workers"],
+                                                  point["multi_client"])
+    out["checkpoint_every"] = 0
+    out["tensorboard"] = False
+    out["progress"] = False
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------- running
+def _mean(xs) -> float:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return float(np.mean(xs)) if xs else math.nan
+
+
+def summarize_point(point: dict, cfg: dict, res, seen: dict) -> dict:
+    """Reduce one run's round reports (``res.rounds``) and the sampled figures to a table row."""
+    rounds = res.rounds
+    measured = rounds[1:] if len(rounds) > 1 else rounds
+    secs = [r.get("seconds", {}) for r in measured]
+    wall = [float(r.get("wall_seconds", r.get("seconds_total", math.nan))) for r in measured]
+    no_eval = [w - float(s.get("eval", 0.0)) for w, s in zip(wall, secs)]
+    updates = int(sum(int(r.get("num_clients", 0)) for r in measured))
+    samples = int(sum(int(r.get("num_samples", 0)) for r in measured))
+    busy = float(sum(no_eval))
+    mem = [r.get("memory") or {} for r in rounds]
+    last = mem[-1] if mem else {}
+    row = {
+        "client_updates": updates,
+        "samples": samples,
+        "client_updates_per_s": updates / busy if busy > 0 else math.nan,
+        "samples_per_s": samples / busy if busy > 0 else math.nan,
+        "round_s": _mean(wall),
+        "round1_s": float(rounds[0].get("wall_seconds", math.nan)) if rounds else math.nan,
+        **{f"{k}_s": _mean(s.get(k) for s in secs) for k in ("sample", "broadcast", "train", "aggregate", "eval")},
+        "overhead_s": _mean(w - float(r.get("seconds_total", math.nan)) for w, r in zip(wall, measured)),
+        "startup_s": float(res.startup_seconds),
+        "coordinator_rss_mb": float(last.get("coordinator_rss_mb", math.nan)),
+        "coordinator_peak_mb": float(last.get("coordinator_peak_mb", math.nan)),
+        "coordinator_anon_mb": max((float(m.get("coordinator_anon_mb", math.nan)) for m in mem), default=math.nan),
+        "workers_rss_mb": float(last.get("workers_rss_mb", math.nan)),
+        "workers_peak_mb": float(last.get("workers_peak_mb", math.nan)),
+        "object_store_used_mb": max(seen["store_used"], default=math.nan),
+        "object_store_spilled_mb": (seen["spilled"][-1] - seen["spilled0"]) if seen["spilled"] else math.nan,
+        "accuracy": float(res.accuracy),
+        "weights_hash": res.weights_hash,
+    }
+    return row
+
+
+def _ensure_ray(spec: ScaleSpec, cfg) -> float | None:
+    """Start (or reuse) Ray for Ray-backend sweeps; returns the cluster's CPUs (None without Ray)."""
+    if cfg.engine.backend != "ray":
+        return None
+    import ray
+
+    if not ray.is_initialized():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init()
+        else:
+            kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            if cfg.engine.object_store_memory:
+                kw["object_store_memory"] = int(cfg.engine.object_store_memory)
+            kw.update(spec.ray)
+            ray.init(address="local", **kw)  # a private instance, never a `ray start` cluster found on this host
+    return float(ray.cluster_resources().get("CPU", 1.0))
+
+
+def run_point(spec: ScaleSpec, point: dict, cluster_cpus: float | None, log=print) -> dict:
+    """Run one point; returns its table row (status ``ok``, ``skipped: ...`` or ``failed: ...``)."""
+    from fedray.engine.runner import run_experiment
+
+    cfg_dict = point_config(spec, point, cluster_cpus)
+    base = from_dict(spec.base)
+    row = {"point": int(point["index"]), **{a: int(point[a]) for a in AXES},
+           "worker_num_cpus": float(cfg_dict["engine"].get("worker_num_cpus", base.engine.worker_num_cpus)),
+           "backend": base.engine.backend, "source": base.data.source, "model": base.model.name,
+           "algorithm": base.algorithm.name, "num_params": -1, "rounds": int(spec.rounds), "status": "ok"}
+    if point["clients_per_round"] > point["population"]:
+        row["status"] = f"skipped: {point['clients_per_round']} clients per round > population {point['population']}"
+        return row
+    cfg = from_dict(cfg_dict)
+    probe = ObjectStoreProbe()
+    used0, spilled0 = probe.read()
+    seen = {"store_used": [], "spilled": [], "spilled0": spilled0 if not math.isnan(spilled0) else 0.0}
+
+    def on_round(report):
+        used, spilled = probe.read()
+        if not math.isnan(used):
+            seen["store_used"].append(used)
+            seen["spilled"].append(spilled)
+        return None
+
+    gpu = GpuSampler()
+    gpu.start()
+    t0 = time.perf_counter()
+    try:
+        res = run_experiment(cfg, progress=False, log=lambda *a: None, on_round=on_round)
+    except Exception as e:  # noqa: BLE001 - one failed point must not lose the sweep
+        gpu.stop()
+        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        row["total_s"] = time.perf_counter() - t0
+        log(f"[scale] point {point['index']}: {row['status']}")
+        return row
+    row.update(gpu.stop())
+    row["total_s"] = time.perf_counter() - t0
+    row.update(summarize_point(point, cfg_dict, res, seen))
+    try:  # length of the flat float32 weight vector (parameters and float buffers)
+        row["num_params"] = int(np.load(Path(res.run_dir) / "final_weights.npy", mmap_mode="r").shape[0])
+    except (OSError, ValueError):
+        pass
+    row["driver_rss_mb"] = proc_memory_mb(os.getpid())[0]
+    return row
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """``speedup_vs_fewest_workers`` for every ok row: its throughput over that of the ok row with the
+    same population, clients per round and multi_client and the fewest workers."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            groups.setdefault((r["population"], r["clients_per_round"], r["multi_client"]), []).append(r)
+    for r in rows:
+        r["speedup_vs_fewest_workers"] = math.nan
+    for g in groups.values():
+        ref = min(g, key=lambda r: r["num_workers"])
+        for r in g:
+            base = ref.get("client_updates_per_s", math.nan)
+            r["speedup_vs_fewest_workers"] = r["client_updates_per_s"] / base if base and base > 0 else math.nan
+
+
+def to_table(rows: list[dict]):
+    """A pyarrow Table with exactly :data:`COLUMNS` (missing values as null / NaN)."""
+    import pyarrow as pa
+
+    ints = {"point", "population", "clients_per_round", "num_workers", "multi_client", "num_params", "rounds",
+            "client_updates", "samples"}
+    strs = {"backend", "source", "model", "algorithm", "status", "weights_hash"}
+    arrays = []
+    for c in COLUMNS:
+        vals = [r.get(c) for r in rows]
+        if c in ints:
+            arrays.append(pa.array([None if v is None else int(v) for v in vals], type=pa.int64()))
+        elif c in strs:
+            arrays.append(pa.array([None if v is None else str(v) for v in vals], type=pa.string()))
+        else:
+            arrays.append(pa.array([math.nan if v is None else float(v) for v in vals], type=pa.float64()))
+    table = pa.Table.from_arrays(arrays, names=list(COLUMNS))
+    return table.replace_schema_metadata({b"fedray.columns": json.dumps(COLUMNS).encode()})
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A Markdown table of the main columns."""
+    cols = [("population", "P", "{:d}"), ("clients_per_round", "K", "{:d}"), ("num_workers", "W", "{:d}"),
+            ("multi_client", "m", "{:d}"), ("client_updates_per_s", "upd/s", "{:.1f}"),
+            ("samples_per_s", "samples/s", "{:.0f}"), ("round_s", "round s", "{:.3f}"), ("train_s", "train", "{:.3f}"),
+            ("aggregate_s", "aggr", "{:.3f}"), ("eval_s", "eval", "{:.3f}"), ("startup_s", "start s", "{:.1f}"),
+            ("coordinator_peak_mb", "coord MB", "{:.0f}"), ("workers_peak_mb", "worker MB", "{:.0f}"),
+            ("object_store_used_mb", "store MB", "{:.0f}"), ("speedup_vs_fewest_workers", "speed-up", "{:.2f}"),
+            ("status", "status", "{}")]
+    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = []
+        for key, _, fmt in cols:
+            v = r.get(key)
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                cells.append("-")
+            else:
+                try:
+                    cells.append(fmt.format(v))
+                except (ValueError, TypeError):
+                    cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- plots
+def _groups(rows: list[dict], axis: str) -> dict[tuple, list[dict]]:
+    """Ok rows grouped by the values of the other axes, each group sorted by ``axis``."""
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        key = tuple((a, r[a]) for a in AXES if a != axis)
+        out.setdefault(key, []).append(r)
+    return {k: sorted(v, key=lambda r: r[axis]) for k, v in out.items() if len(v) > 1}
+
+
+def _label(key: tuple) -> str:
+    short = {"population": "P", "clients_per_round": "K", "num_workers": "W", "multi_client": "m"}
+    return " ".join(f"{short[a]}={v}" for a, v in key)
+
+
+def write_plots(rows: list[dict], out: Path) -> list[Path]:
+    """PNG plots of the table (see the module docstring); returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+
+    def save(fig, name):
+        p = out / name
+        fig.tight_layout()
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        files.append(p)
+
+    g = _groups(rows, "clients_per_round")
+    if g:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for key, rs in g.items():
+            ax.plot([r["clients_per_round"] for r in rs], [r["client_updates_per_s"] for r in rs], "o-", label=_label(key))
+        ax.set(xscale="log", xlabel="clients per round", ylabel="client updates / s", title="Throughput vs clients per round")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        save(fig, "throughput_vs_clients_per_round.png")
+    g = _groups(rows, "population")
+    if g:
+        n = len(g)
+        fig, axes = plt.subplots(1, n, figsize=(min(4.2 * n, 16), 4.2), squeeze=False)
+        parts = ["sample_s", "broadcast_s", "train_s", "aggregate_s", "eval_s", "overhead_s"]
+        for ax, (key, rs) in zip(axes[0], g.items()):
+            xs = np.arange(len(rs))
+            bottom = np.zeros(len(rs))
+            for p in parts:
+                vals = np.array([max(0.0, r.get(p) or 0.0) if not math.isnan(r.get(p) or 0.0) else 0.0 for r in rs])
+                ax.bar(xs, vals, bottom=bottom, label=p[:-2])
+                bottom += vals
+            ax.set_xticks(xs, [f"{r['population']:,}" for r in rs], rotation=30)
+            ax.set(xlabel="population (clients)", ylabel="seconds per round", title=_label(key))
+            ax.grid(True, axis="y", alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle("Round latency split vs population")
+        save(fig, "latency_vs_population.png")
+    for axis, fname, xlabel in (("population", "memory_vs_population.png", "population (clients)"),
+                                ("clients_per_round", "memory_vs_clients_per_round.png", "clients per round")):
+        g = _groups(rows, axis)
+        if not g:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for i, (key, rs) in enumerate(g.items()):
+            xs = [r[axis] for r in rs]
+            c = f"C{i % 10}"
+            ax.plot(xs, [r["coordinator_peak_mb"] for r in rs], "o-", color=c, label=f"coordinator peak {_label(key)}")
+            ax.plot(xs, [r["workers_peak_mb"] for r in rs], "s--", color=c, label=f"worker peak {_label(key)}")
+            if any(not math.isnan(r.get("object_store_used_mb", math.nan)) for r in rs):
+                ax.plot(xs, [r["object_store_used_mb"] for r in rs], "^:", color=c, label=f"object store {_label(key)}")
+        ax.set(xscale="log", xlabel=xlabel, ylabel="MB", title=f"Memory vs {xlabel.split(' (')[0]}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+        save(fig, fname)
+    g = _groups(rows, "num_workers")
+    if g:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        wmax = 1
+        for key, rs in g.items():
+            ws = [r["num_workers"] for r in rs]
+            wmax = max(wmax, max(ws))
+            ax.plot(ws, [r["speedup_vs_fewest_workers"] for r in rs], "o-", label=_label(key))
+        w0 = min(r["num_workers"] for rs in g.values() for r in rs)
+        ax.plot([w0, wmax], [1.0, wmax / w0], "k:", label="ideal")
+        ax.set(xlabel="client workers", ylabel="speed-up (client updates / s)", title="Speed-up vs workers")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        save(fig, "speedup_vs_workers.png")
+    return files
+
+
+# ------------------------------------------------------------------------------------------- entry point
+def run_scale(spec: ScaleSpec, log=print) -> tuple[list[dict], list[Path]]:
+    """Run every point of ``spec`` (in order), write the table, the plots and the resolved scale file
+    into ``spec.output``; returns (rows, files written)."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+    import yaml
+
+    out = spec.output
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale.yaml").write_text(yaml.safe_dump({
+        "name": spec.name, "rounds": spec.rounds, "ray": spec.ray, "experiment": spec.base,
+        "points": spec.points, "source": spec.source_path}, sort_keys=False))
+    cfg0 = from_dict(point_config(spec, {**spec.points[0], "index": 0}))
+    cluster_cpus = _ensure_ray(spec, cfg0)
+    rows: list[dict] = []
+    for i, point in enumerate(spec.points):
+        point = {**point, "index": i}
+        log(f"[scale] point {i + 1}/{len(spec.points)}: population {point['population']:,}, "
+            f"{point['clients_per_round']} clients/round, {point['num_workers']} workers, multi_client {point['multi_client']}")
+        row = run_point(spec, point, cluster_cpus, log=log)
+        rows.append(row)
+        if row["status"] == "ok":
+            log(f"[scale]   {row['client_updates_per_s']:.1f} client updates/s, round {row['round_s']:.3f} s, "
+                f"coordinator peak {row['coordinator_peak_mb']:.0f} MB, start-up {row['startup_s']:.1f} s")
+        add_speedups(rows)
+        table = to_table(rows)  # rewritten after every point: a crashed sweep keeps what it measured
+        pq.write_table(table, str(out / "scaling.parquet"))
+    pacsv.write_csv(table, str(out / "scaling.csv"))
+    md = format_rows(rows)
+    (out / "scaling.md").write_text(md + "\n")
+    files = [out / "scaling.parquet", out / "scaling.csv", out / "scaling.md"]
+    files += write_plots(rows, out / "plots")
+    return rows, files
+
+
+def main_cli(config: str, output: str | None = None, dry_run: bool = False, log=print) -> int:
+    """Shared body of ``fedray scale`` and ``python -m jobs.scale``."""
+    spec = load_scale(config, output=output)
+    if dry_run:
+        for i, p in enumerate(spec.points):
+            log(f"{i:3d}  population {p['population']:>7,}  clients/round {p['clients_per_round']:>5}  "
+                f"workers {p['num_workers']}  multi_client {p['multi_client']}")
+        log(f"{len(spec.points)} points x {spec.rounds} rounds -> {spec.output}")
+        return 0
+    rows, files = run_scale(spec, log=log)
+    print(format_rows(rows))
+    for f in files:
+        print(f"wrote {f}")
+    failed = [r for r in rows if str(r.get("status", "")).startswith("failed")]
+    return 1 if failed else 0
