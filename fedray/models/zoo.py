@@ -420,6 +420,13 @@ class AlexNetSplit(FedModel):
             classifier="fc3",
             embedding_dim=f2,
         )
+        # He initialisation (fan-in, ReLU gain) and zero biases: with PyTorch's default init (variance
+        # 1/(3 fan_in)) the signal shrinks ~6x in variance per ReLU layer, and this 8-layer plain network
+        # sat at chance for hundreds of SGD steps on MNIST (lr 0.01-0.05); with He init it learns at once.
+        # The classifier keeps PyTorch's smaller default init so the first logits stay near uniform.
+        for mod in (self.conv1, self.conv2, self.conv3, self.conv4, self.conv5, self.fc1, self.fc2):
+            nn.init.kaiming_normal_(mod.weight, mode="fan_in", nonlinearity="relu")
+            nn.init.zeros_(mod.bias)
 
 
 class MLP(FedModel):
