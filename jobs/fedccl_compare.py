@@ -1,6 +1,7 @@
 """Reproduce the FedCCL comparison (paper Tables 1-2 and 4, optionally Table 8) at CPU scale.
 
-    python -m jobs.fedccl_compare                 # full: FedAvg, FedProto, FPL, FedCCL on three settings
+    python -m jobs.fedccl_compare                 # full: FedAvg, FedProto, FPL, FedCCL (+ its two one-signal
+                                                  # ablations) on three settings
     python -m jobs.fedccl_compare --quick         # smoke test, about 1-2 minutes
     python -m jobs.fedccl_compare --robustness    # also FedAvg / FedAvg+ / FedCCL+ clean, FGSM, PGD-20
     python -m jobs.fedccl_compare --out DIR --seeds 3 --methods fedavg fedccl --settings mnist-dir0.05
@@ -33,7 +34,9 @@ import time
 from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
-METHODS = ("fedavg", "fedproto", "fpl", "fedccl")
+METHODS = ("fedavg", "fedproto", "fpl", "fedccl", "fedccl-local", "fedccl-global")
+# FedCCL's ablations (Table 5): one contrast term only; a method name here maps to (algorithm, params).
+VARIANTS = {"fedccl-local": ("fedccl", {"signals": "local"}), "fedccl-global": ("fedccl", {"signals": "global"})}
 ROBUST_METHODS = ("fedavg", "fedavg_plus", "fedccl_plus")
 SETTINGS = {
     "digits-balanced": ("fedccl_digits.yaml", []),
@@ -60,8 +63,9 @@ def build_config(setting_file: str, overrides: list[str], method: str, seed: int
 
     cfg = load_config(CONFIGS / setting_file, overrides)
     base_params = dict(cfg.algorithm.params)
-    cfg.algorithm.name = method
-    cfg.algorithm.params = method_params(method, base_params)
+    algo, extra = VARIANTS.get(method, (method, {}))
+    cfg.algorithm.name = algo
+    cfg.algorithm.params = {**method_params(algo, base_params), **extra}
     cfg.seed = seed
     cfg.data.partition.seed = 0  # the same partition for every seed and method
     cfg.output.root = str(out / "runs")
@@ -195,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/fedccl_compare", help="output directory (default runs/fedccl_compare)")
     ap.add_argument("--rounds", type=int, default=None, help="override train.rounds of every setting")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per method (the paper uses 3)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), help=f"methods (default {' '.join(METHODS)})")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS),
+                    help=f"methods (default {' '.join(METHODS)}; fedccl-local / fedccl-global are FedCCL with "
+                         "only the local / only the global signal contrast)")
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
                     help="settings to run (default all)")
     ap.add_argument("--robustness", action="store_true", help="also run Table 8 (FedAvg, FedAvg+, FedCCL+)")
