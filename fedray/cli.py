@@ -90,7 +90,7 @@ def _cmd_report(args) -> int:
 def _cmd_scale(args) -> int:
     from fedray.scaling import main_cli
 
-    return main_cli(args.scale, output=args.output_dir, dry_run=args.dry_run)
+    return main_cli(args.scale, output=args.output_dir, dry_run=args.dry_run, resume=args.resume)
 
 
 def _cmd_tune(args) -> int:
@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("scale", metavar="SCALE.yaml")
     sc.add_argument("--output-dir", help="output directory (default: the scale file's output field)")
     sc.add_argument("--dry-run", action="store_true", help="list the points and exit")
+    sc.add_argument("--resume", action="store_true",
+                    help="keep the points an interrupted sweep into the same output directory finished; run the rest")
     sc.set_defaults(func=_cmd_scale)
     return p
 

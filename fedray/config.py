@@ -79,10 +79,16 @@ class AlgorithmConfig:
     params: dict[str, Any] = field(default_factory=dict)  # method hyper-parameters (mu, lam, beta, tau, ...)
 
 
+# Server learning rates of METHODS.md §1 (FedAdam: trainer.global_lr 0.01 of the reference scripts); the
+# others step with lr 1. Filled into ``server.lr`` when the config leaves it unset, so the resolved config
+# (and its hash) always holds a number.
+DEFAULT_SERVER_LR = {"fedadam": 0.01}
+
+
 @dataclass
 class ServerOptConfig:
     name: str = "none"  # none (plain FedAvg average) | fedavgm | fedadam | fedacg
-    lr: float = 1.0
+    lr: float | None = None  # server learning rate; unset: the optimizer's default (DEFAULT_SERVER_LR)
     params: dict[str, Any] = field(default_factory=dict)
 
 
@@ -313,6 +319,8 @@ def from_dict(data: dict, *, source_path: str | None = None, validate: bool = Tr
     data.pop("source_path", None)
     cfg = _build(ExperimentConfig, data)
     cfg.source_path = source_path
+    if cfg.server.lr is None:
+        cfg.server.lr = DEFAULT_SERVER_LR.get(cfg.server.name, 1.0)
     if validate:
         validate_config(cfg)
     return cfg

@@ -607,34 +607,79 @@ def write_plots(rows: list[dict], out: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------- entry point
-def run_scale(spec: ScaleSpec, log=print) -> tuple[list[dict], list[Path]]:
+def _point_key(row: dict) -> tuple:
+    return tuple(int(row[a]) for a in AXES)
+
+
+def _scale_record(spec: ScaleSpec) -> dict:
+    return {"name": spec.name, "rounds": spec.rounds, "ray": spec.ray, "experiment": spec.base,
+            "points": spec.points, "source": spec.source_path}
+
+
+def finished_points(spec: ScaleSpec) -> dict[tuple, dict]:
+    """Rows with status ``ok`` of an earlier sweep into ``spec.output``, by point (the axes' values), for
+    ``--resume``. The earlier sweep must have measured the same experiment for the same number of rounds
+    (its ``scale.yaml``); otherwise a :class:`ConfigError` says what changed."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    table, record = spec.output / "scaling.parquet", spec.output / "scale.yaml"
+    if not table.is_file() or not record.is_file():
+        return {}
+    prev = yaml.safe_load(record.read_text()) or {}
+    now = yaml.safe_load(yaml.safe_dump(_scale_record(spec), sort_keys=False))
+    for key in ("experiment", "rounds"):
+        if prev.get(key) != now.get(key):
+            raise ConfigError(f"--resume: {key} differs from the sweep already in {spec.output} ({record}); "
+                              "resume with the same scale file or write to a new --output-dir")
+    done = {}
+    for row in pq.read_table(str(table)).to_pylist():
+        if row.get("status") == "ok":
+            done[_point_key(row)] = row
+    return done
+
+
+def _write_atomic(write, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(str(tmp))
+    os.replace(tmp, path)
+
+
+def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[dict], list[Path]]:
     """Run every point of ``spec`` (in order), write the table, the plots and the resolved scale file
-    into ``spec.output``; returns (rows, files written)."""
+    into ``spec.output``; returns (rows, files written). With ``resume`` the points an earlier sweep into
+    the same output directory finished (status ok) are kept, not run again; failed ones run again."""
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
     import yaml
 
     out = spec.output
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scale.yaml").write_text(yaml.safe_dump({
-        "name": spec.name, "rounds": spec.rounds, "ray": spec.ray, "experiment": spec.base,
-        "points": spec.points, "source": spec.source_path}, sort_keys=False))
-    cfg0 = from_dict(point_config(spec, {**spec.points[0], "index": 0}))
-    cluster_cpus = _ensure_ray(spec, cfg0)
+    done = finished_points(spec) if resume else {}
+    (out / "scale.yaml").write_text(yaml.safe_dump(_scale_record(spec), sort_keys=False))
+    cluster_cpus, ray_checked = None, False
     rows: list[dict] = []
     for i, point in enumerate(spec.points):
         point = {**point, "index": i}
-        log(f"[scale] point {i + 1}/{len(spec.points)}: population {point['population']:,}, "
-            f"{point['clients_per_round']} clients/round, {point['num_workers']} workers, multi_client {point['multi_client']}")
-        row = run_point(spec, point, cluster_cpus, log=log)
+        prefix = (f"[scale] point {i + 1}/{len(spec.points)}: population {point['population']:,}, "
+                  f"{point['clients_per_round']} clients/round, {point['num_workers']} workers, "
+                  f"multi_client {point['multi_client']}")
+        if _point_key(point) in done:
+            log(prefix + " (measured earlier, kept)")
+            row = {**done[_point_key(point)], "point": i}
+        else:
+            log(prefix)
+            if not ray_checked:  # Ray is started only when a point has to run
+                cluster_cpus, ray_checked = _ensure_ray(spec, from_dict(point_config(spec, point))), True
+            row = run_point(spec, point, cluster_cpus, log=log)
+            if row["status"] == "ok":
+                log(f"[scale]   {row['client_updates_per_s']:.1f} client updates/s, round {row['round_s']:.3f} s, "
+                    f"coordinator peak {row['coordinator_peak_mb']:.0f} MB, start-up {row['startup_s']:.1f} s")
         rows.append(row)
-        if row["status"] == "ok":
-            log(f"[scale]   {row['client_updates_per_s']:.1f} client updates/s, round {row['round_s']:.3f} s, "
-                f"coordinator peak {row['coordinator_peak_mb']:.0f} MB, start-up {row['startup_s']:.1f} s")
         add_speedups(rows)
         table = to_table(rows)  # rewritten after every point: a crashed sweep keeps what it measured
-        pq.write_table(table, str(out / "scaling.parquet"))
-    pacsv.write_csv(table, str(out / "scaling.csv"))
+        _write_atomic(lambda p: pq.write_table(table, p), out / "scaling.parquet")
+    _write_atomic(lambda p: pacsv.write_csv(table, p), out / "scaling.csv")
     md = format_rows(rows)
     (out / "scaling.md").write_text(md + "\n")
     files = [out / "scaling.parquet", out / "scaling.csv", out / "scaling.md"]
@@ -642,7 +687,7 @@ def run_scale(spec: ScaleSpec, log=print) -> tuple[list[dict], list[Path]]:
     return rows, files
 
 
-def main_cli(config: str, output: str | None = None, dry_run: bool = False, log=print) -> int:
+def main_cli(config: str, output: str | None = None, dry_run: bool = False, log=print, resume: bool = False) -> int:
     """Shared body of ``fedray scale`` and ``python -m jobs.scale``."""
     spec = load_scale(config, output=output)
     if dry_run:
@@ -651,9 +696,10 @@ def main_cli(config: str, output: str | None = None, dry_run: bool = False, log=
                 f"workers {p['num_workers']}  multi_client {p['multi_client']}")
         log(f"{len(spec.points)} points x {spec.rounds} rounds -> {spec.output}")
         return 0
-    rows, files = run_scale(spec, log=log)
+    rows, files = run_scale(spec, log=log, resume=resume)
     print(format_rows(rows))
     for f in files:
         print(f"wrote {f}")
+    print(f"scale output directory: {spec.output}")
     failed = [r for r in rows if str(r.get("status", "")).startswith("failed")]
     return 1 if failed else 0

@@ -86,3 +86,35 @@ def test_bad_files_and_overrides(tmp_path):
         load_config(tmp_path / "ok.yaml", ["train.lr"])
     with pytest.raises(ConfigError, match="train.lr"):
         load_config(tmp_path / "ok.yaml", ["train.lr.x=1"])
+
+
+# ------------------------------------------------------------------------------------ example configs
+def _example_configs():
+    from tests.conftest import ROOT
+
+    return sorted(p for p in (ROOT / "jobs" / "configs").glob("*.yaml") if not p.name.startswith("scale_"))
+
+
+@pytest.mark.parametrize("path", _example_configs(), ids=lambda p: p.name)
+def test_every_example_config_loads_and_names_registered_parts(path):
+    """Every shipped experiment config validates and names a registered algorithm, server optimizer, model,
+    source and partitioner with parameters they accept (what `fedray run` checks before any work)."""
+    from fedray.algorithms import build_algorithm, build_server_optimizer
+    from fedray.data.partition import PARTITIONERS
+    from fedray.data.sources import SOURCES
+    from fedray.models import MODELS
+
+    cfg = load_config(path)
+    build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
+    build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
+    assert cfg.model.name in MODELS and cfg.data.source in SOURCES and cfg.data.partition.name in PARTITIONERS
+
+
+def test_every_algorithm_and_server_optimizer_has_an_example_config():
+    from fedray.algorithms import ALGORITHMS, SERVER_OPTIMIZERS
+
+    cfgs = [load_config(p) for p in _example_configs()]
+    algorithms = {c.algorithm.name for c in cfgs}
+    servers = {c.server.name for c in cfgs}
+    assert set(ALGORITHMS) - algorithms == set(), "algorithms without an example config in jobs/configs/"
+    assert set(SERVER_OPTIMIZERS) - servers == set(), "server optimizers without an example config"

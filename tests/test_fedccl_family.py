@@ -104,9 +104,12 @@ def test_fedccl_inter_domain_digits(tmp_path, partition_cache):
     assert last["num_signals"] > 0 and last["bytes"]["signals_broadcast"] > 0
 
 
-def test_fedccl_deterministic_and_ray_matches_local(tmp_path, partition_cache, ray_session):
-    cfg = _cfg(tmp_path, partition_cache, "fedccl", train={"rounds": 2, "clients_per_round": 4, "batch_size": 64,
-                                                           "lr": 0.05})
+@pytest.mark.ray
+@pytest.mark.parametrize("alg", ["fedccl", "fedproto", "fpl", "fedpcl", "fedccl_plus", "fedavg_plus"])
+def test_deterministic_and_ray_matches_local(tmp_path, partition_cache, ray_session, alg):
+    params = {"adv_steps": 2, "adv_eps": 0.1} if alg.endswith("_plus") else {}
+    cfg = _cfg(tmp_path, partition_cache, alg, params, train={"rounds": 2, "clients_per_round": 4, "batch_size": 64,
+                                                              "lr": 0.05})
     a = _run(cfg)
     b = _run({**cfg, "output": {**cfg["output"], "root": str(tmp_path / "runs2")}})
     assert a.weights_hash == b.weights_hash
@@ -127,7 +130,7 @@ def test_adversarial_eval_hook_reports_clean_fgsm_pgd(tmp_path, partition_cache)
 
 
 # ------------------------------------------------------------------------------------ client-side units
-def _toy_ctx(labels, rnd=2, cid=0, seed=0):
+def _toy_ctx(labels, rnd=2, cid=0, seed=0, frozen=False):
     from fedray.data.table import DatasetMeta
     from fedray.engine.weights import FlatParams
     from fedray.models import build_model
@@ -138,7 +141,11 @@ def _toy_ctx(labels, rnd=2, cid=0, seed=0):
     images[np.arange(labels.size), 0, labels, :] = 255  # a class-dependent stripe: learnable
     meta = DatasetMeta("toy", 10, (1, 28, 28), mean=(0.5,), std=(0.3,))
     torch.manual_seed(0)
-    model = build_model("cnn4", in_channels=1, image_size=28, num_classes=10, channels=(4, 8), embed_dim=16)
+    if frozen:  # FedCCL's inter-domain model with a frozen (pre-trained) backbone: only the MLP head trains
+        model = build_model("cnn_backbone_mlp", in_channels=1, image_size=28, num_classes=10, backbone="cnn4",
+                            backbone_options={"channels": [4, 8], "embed_dim": 16}, hidden=12, freeze_backbone=True)
+    else:
+        model = build_model("cnn4", in_channels=1, image_size=28, num_classes=10, channels=(4, 8), embed_dim=16)
     flat = FlatParams(model)
     return ClientContext(cid=cid, rnd=rnd, seed=0, model=model, flat=flat, global_weights=flat.read(), images=images,
                          labels=labels, meta=meta, train=TrainConfig(batch_size=16, lr=0.05), device=torch.device("cpu"),
@@ -165,6 +172,25 @@ def test_first_round_is_plain_cross_entropy(alg):
     algo = build_algorithm(alg, {})
     upd = algo.local_update(_toy_ctx(labels, rnd=1), algo.broadcast(1, None, algo.init_state(None)))
     assert np.array_equal(upd.weights, ref.weights) and upd.loss == ref.loss
+
+
+@pytest.mark.parametrize("alg", ["fedccl", "fedproto", "fpl"])
+def test_frozen_backbone_signals_come_from_the_trainable_head(alg):
+    """With a frozen backbone the contrast / prototype terms act on the head's hidden layer (12-d here), so they
+    change the update; on the frozen 16-d embedding they would have no gradient and equal plain CE."""
+    labels = np.arange(48) % 3
+    algo = build_algorithm(alg, {})
+    key = "signals" if alg == "fedccl" else "protos"
+    state = algo.init_state(None)
+    first = algo.local_update(_toy_ctx(labels, rnd=1, frozen=True), algo.broadcast(1, None, state))
+    assert first.extras[key].shape[1] == 12
+    _, state = algo.after_aggregate(1, None, [{"cid": 0, "num_samples": 48, **first.extras}], state)
+    upd = algo.local_update(_toy_ctx(labels, frozen=True), algo.broadcast(2, None, state))
+    ref = build_algorithm("fedavg", {}).local_update(_toy_ctx(labels, frozen=True), {})
+    assert np.isfinite(upd.loss) and not np.array_equal(upd.weights, ref.weights)
+    explicit = build_algorithm(alg, {"tap": "embedding"})  # the old behaviour, on request: CE only
+    emb = explicit.local_update(_toy_ctx(labels, frozen=True), explicit.broadcast(1, None, explicit.init_state(None)))
+    assert emb.extras[key].shape[1] == 16
 
 
 def test_fedccl_client_with_missing_classes():

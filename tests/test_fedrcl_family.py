@@ -104,12 +104,39 @@ def test_runs_end_to_end_and_is_deterministic(tmp_path, partition_cache, local_r
     assert first.weights_hash != local_runs("fedavg", rounds).weights_hash
 
 
+def test_fedrcl_penalty_changes_training_and_its_options_run(tmp_path, partition_cache, local_runs):
+    """FedRCL differs from FedSCL (beta = 0) end to end; the paper variant and last-level-only option train."""
+    assert local_runs("fedrcl").weights_hash != local_runs("fedscl").weights_hash
+    for i, opts in enumerate(({"variant": "paper"}, {"levels": "last"})):
+        res = _run(_cfg(tmp_path / str(i), partition_cache, "fedrcl", opts))
+        assert all(np.isfinite(r["loss"]) for r in res.rounds)
+        assert res.weights_hash != local_runs("fedrcl").weights_hash
+
+
 @pytest.mark.ray
-@pytest.mark.parametrize("alg", ["moon", "fedmlb"])
+@pytest.mark.parametrize("alg", [*FAMILY, "fedprox"])
 def test_ray_two_workers_match_local(tmp_path, partition_cache, local_runs, ray_session, alg):
     res = _run(_cfg(tmp_path, partition_cache, alg, engine__backend="ray", engine__num_workers=2,
                     engine__chunk_size=1))
     assert res.weights_hash == local_runs(alg).weights_hash
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("alg", ["moon", "feddyn"])
+def test_client_state_read_back_on_ray_matches_local(tmp_path, partition_cache, ray_session, alg):
+    """Clients that return in a later round read the state another worker wrote (run-directory store):
+    2 Ray workers give the in-process run's weights."""
+    over = dict(train__rounds=3, train__batch_size=50,
+                data__partition={"name": "balanced_dirichlet", "num_clients": 20, "params": {"alpha": 0.3}})
+    local = _run(_cfg(tmp_path / "local", partition_cache, alg, **over))
+    ray_res = _run(_cfg(tmp_path / "ray", partition_cache, alg, **over, engine__backend="ray",
+                        engine__num_workers=2, engine__chunk_size=1))
+    ledger = RunDir(ray_res.run_dir).read_ledger().to_pylist()
+    rounds_of: dict[int, set] = {}
+    for row in ledger:
+        rounds_of.setdefault(row["client"], set()).add(row["round"])
+    assert any(len(r) > 1 for r in rounds_of.values())  # some client trained again from its stored state
+    assert ray_res.weights_hash == local.weights_hash
 
 
 def test_moon_and_feddyn_keep_client_state_across_rounds_and_resume(tmp_path, partition_cache):
@@ -215,7 +242,7 @@ def _ref_fedavgm(ws, avgs, lr, beta):
 
 
 def _ref_fedadam(ws, avgs, lr, b1, b2, tau):
-    m = v = 0.0
+    m, v = 0.0, tau * tau  # v starts at tau^2 (reference ServerAdam)
     out = []
     for w, a in zip(ws, avgs):
         d = a - w
@@ -271,6 +298,15 @@ def test_fedadam_matches_numpy_reference():
     ref = _ref_fedadam(ws, [a.astype(np.float64) for a in avgs], 0.01, 0.9, 0.99, 1e-3)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_server_lr_defaults_per_optimizer():
+    """An unset server.lr takes the optimizer's default (FedAdam 0.01, METHODS.md); an explicit one is kept."""
+    base = small_config(Path("/nonexistent"), Path("/nonexistent"))
+    assert from_dict({**base, "server": {"name": "fedadam"}}).server.lr == 0.01
+    assert from_dict({**base, "server": {"name": "fedavgm"}}).server.lr == 1.0
+    assert from_dict({**base, "server": {"name": "fedadam", "lr": 0.1}}).server.lr == 0.1
+    assert from_dict(base).server.lr == 1.0
 
 
 def test_fedacg_matches_numpy_reference():

@@ -148,6 +148,15 @@ def test_missing_config_fails_clearly(head, tmp_path):
     assert "jobs/configs/no-such.yaml" in r.stdout + r.stderr and "not found" in r.stdout + r.stderr
 
 
+def test_missing_data_path_fails_clearly(head, tmp_path):
+    """A data.root that does not exist on the cluster fails before any work, naming the field and the path."""
+    r = _ray_job(head, *_submit_args(tmp_path, "--config", "jobs/configs/demo.yaml", "data.source=cifar10",
+                                     "data.root=/mnt/no-such-share/cifar10", submission_id="fedray-test-missing-data"))
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "data.root" in out and "/mnt/no-such-share/cifar10" in out and "does not exist" in out
+
+
 def test_stop_then_resume_job(head, tmp_path):
     from fedray.config import load_config
     from fedray.engine.runner import run_experiment

@@ -190,6 +190,30 @@ def test_scaling_table_has_the_documented_columns(tmp_path, partition_cache):
             "memory_vs_population.png", "latency_vs_population.png"} <= names
 
 
+def test_scale_resume_keeps_finished_points(tmp_path, partition_cache):
+    """A sweep stopped after its first point (the table is rewritten after every point) resumes with
+    ``resume=True``: the finished point is kept as measured, only the rest runs; a changed experiment is refused."""
+    import pyarrow.parquet as pq
+
+    from fedray.scaling import load_scale, run_scale
+
+    data = {"name": "tiny", "rounds": 2, "output": str(tmp_path / "out"),
+            "experiment": _synthetic_experiment(tmp_path, partition_cache),
+            "defaults": {"population": 40, "num_workers": 1}, "sweep": {"clients_per_round": [5, 10, 20]}}
+    rows, _ = run_scale(load_scale(data=data), log=lambda *a: None)
+    table = tmp_path / "out" / "scaling.parquet"
+    pq.write_table(pq.read_table(table).slice(0, 1), str(table))  # as if stopped during point 2
+    logs: list[str] = []
+    again, _ = run_scale(load_scale(data=data), log=logs.append, resume=True)
+    assert [r["status"] for r in again] == ["ok"] * 3
+    assert "kept" in logs[0] and not any("kept" in m for m in logs[1:])
+    assert again[0]["total_s"] == rows[0]["total_s"]  # the same measurement, not a new one
+    assert [r["weights_hash"] for r in again] == [r["weights_hash"] for r in rows]
+    changed = {**data, "experiment": {**data["experiment"], "seed": 1}}
+    with pytest.raises(ConfigError, match=r"--resume: experiment differs"):
+        run_scale(load_scale(data=changed), log=lambda *a: None, resume=True)
+
+
 def test_scale_file_errors_name_the_field(tmp_path, partition_cache):
     from fedray.scaling import load_scale
 

@@ -119,12 +119,12 @@ def test_single_client_gradient_equals_unsplit_backprop(tmp_path, partition_cach
     assert np.abs(g[lay.client_train]).max() > 0
 
 
-def _server_fixture(name, sizes=(6, 10), seed=1):
+def _server_fixture(name, sizes=(6, 10), seed=1, params=None):
     from fedray.algorithms import build_algorithm
 
     cfg = from_dict(small_config(Path("/unused"), Path("/unused"), algorithm={"name": name}, train__lr=0.1,
                                  model={"name": "alexnet_split"}))
-    algo = build_algorithm(name, {}, cfg)
+    algo = build_algorithm(name, params or {}, cfg)
     model = _tiny_model(seed, dropout=0.0)
     lay = SplitLayout(model, "block2")
     from fedray.engine.weights import flatten
@@ -183,6 +183,60 @@ def test_scala_has_one_server_model_and_splitfed_v1_averages_copies():
             expect = w_seq
             assert srv.copies == []
         np.testing.assert_allclose(out, expect[lay.server_train], rtol=1e-5, atol=1e-6)
+
+
+def _loop_adjusted_ce_row(z, y, prior, eps, zero_mode):
+    """-log softmax(z + log P)_y for one row, with a Python loop over classes (SCALA's logit adjustment)."""
+    terms = []
+    for c in range(z.shape[0]):
+        if zero_mode == "exclude" and prior[c] == 0 and c != y:
+            continue
+        terms.append((c, z[c] + math.log(max(float(prior[c]), eps))))
+    log_norm = torch.logsumexp(torch.stack([t for _, t in terms]), 0)
+    return log_norm - dict(terms)[y]
+
+
+@pytest.mark.parametrize("opts", [{}, {"grad_scale": "client"}, {"zero_mode": "exclude"},
+                                  {"server_prior": "clients"}])
+def test_scala_rows_and_server_step_match_a_loop_reference_with_skewed_client_priors(opts):
+    """Two clients with different local label distributions (P_k != P_s, zero frequencies included): each
+    client's gradient rows are d/dA of (1/sum B_j) sum_i CE(z_i + log P_k(i)) at the pre-step server weights
+    (x sum B_j / B_k with grad_scale: client), and the server steps on CE(z + log P_s), P_s the concatenated
+    batch's label frequencies (or the clients' summed counts with server_prior: clients)."""
+    from fedray.algorithms.split import SplitBatch
+    from fedray.engine.weights import load_flat
+
+    algo, model, lay, w, srv, acts, labels = _server_fixture("scala", params=opts)
+    counts = np.zeros((2, 10))
+    counts[0, [1, 3, 5]] = [30, 5, 1]  # client 0 holds three classes, client 1 seven; neither has all ten
+    counts[1, 2:9] = [4, 8, 15, 16, 23, 42, 2]
+    labels = [torch.tensor([1, 3, 5, 1, 1, 3]), torch.tensor([2, 3, 4, 5, 6, 7, 8, 8, 4, 2])]
+    eps, zm = 1e-9, opts.get("zero_mode", "clamp")
+    st, sf = lay.server_vectors(w)
+    srv.begin_round(1, st, sf, 0.1, None, None)
+    srv.begin_iteration(0)
+    res = algo.server_iteration(srv, SplitBatch([0, 1], [3, 4], acts, labels, counts, 10))
+    out, _, _ = srv.end_round()
+
+    load_flat(model, w)  # the reference, at the pre-step server weights
+    _, server = model.split("block2")
+    a = torch.cat(acts).detach().requires_grad_(True)
+    y = torch.cat(labels)
+    z = server(a)
+    owner = [0] * 6 + [1] * 10
+    total = sum(_loop_adjusted_ce_row(z[i], int(y[i]), counts[owner[i]] / counts[owner[i]].sum(), eps, zm)
+                for i in range(16)) / 16
+    (ga,) = torch.autograd.grad(total, (a,))
+    want = [ga[:6], ga[6:]]
+    if opts.get("grad_scale") == "client":
+        want = [want[0] * 16 / 6, want[1] * 16 / 10]
+    for got, ref in zip(res.grads, want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7)
+    p_s = (counts.sum(0) / counts.sum() if opts.get("server_prior") == "clients"
+           else np.bincount(y.numpy(), minlength=10) / 16.0)
+    expect = _manual_step(model, lay, w, torch.cat(acts), y, 0.1, lambda zz, t: torch.stack(
+        [_loop_adjusted_ce_row(zz[i], int(t[i]), p_s, eps, zm) for i in range(t.shape[0])]).mean())
+    np.testing.assert_allclose(out, expect[lay.server_train], rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------ end to end
@@ -288,11 +342,13 @@ def test_fedlogit_and_fedla_train_and_seed_dropout(tmp_path, partition_cache):
 
 # ------------------------------------------------------------------------------------ Ray
 @pytest.mark.ray
-def test_ray_two_workers_match_local_bit_for_bit(tmp_path, partition_cache, ray_session):
-    local = _run(_cfg(tmp_path / "local", partition_cache, "scala"))
-    ray2 = _run(_cfg(tmp_path / "ray", partition_cache, "scala", engine__backend="ray", engine__num_workers=2))
+@pytest.mark.parametrize("name", [*SPLIT_METHODS, "fedlogit", "fedla"])
+def test_ray_two_workers_match_local_bit_for_bit(tmp_path, partition_cache, ray_session, name):
+    local = _run(_cfg(tmp_path / "local", partition_cache, name))
+    ray2 = _run(_cfg(tmp_path / "ray", partition_cache, name, engine__backend="ray", engine__num_workers=2))
     assert ray2.weights_hash == local.weights_hash
-    assert ray2.rounds[-1]["split"]["workers"] == 2
+    if name in SPLIT_METHODS:
+        assert ray2.rounds[-1]["split"]["workers"] == 2
 
 
 @pytest.mark.ray

@@ -392,3 +392,21 @@ def test_resume_after_sigkill(tmp_path, partition_cache, monkeypatch):
     monkeypatch.setattr(tuning.outputs, "IMPORTANCE_TREES", 8)
     res = tune(study_file, resume=True, output_dir=out, log=lambda m: None)
     assert len(res.trials) == len(after)
+
+
+def test_rdb_storage_url_runs_and_resumes(tmp_path, partition_cache, monkeypatch):
+    """The RDB storage path that PostgreSQL / MySQL URLs take, exercised with a SQLite URL: the study is stored
+    under its name, readable by any process with the URL, and --resume with the budget spent runs nothing."""
+    import tuning.outputs
+
+    monkeypatch.setattr(tuning.outputs, "IMPORTANCE_TREES", 8)
+    d = study_dict(tmp_path, partition_cache, name="rdb", budget={"n_trials": 2})
+    d["base_config"]["train"]["rounds"] = 1
+    study_file = write_study(tmp_path / "rdb.yaml", d)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    res = tune(study_file, storage=url, output_dir=tmp_path / "out", log=lambda m: None)
+    stored = optuna.load_study(study_name="rdb", storage=url).get_trials(deepcopy=False)
+    assert [t.state.name for t in stored] == ["COMPLETE", "COMPLETE"] and len(res.trials) == 2
+    assert all(Path(t.user_attrs["run_dir"]).is_dir() for t in stored)
+    again = tune(study_file, storage=url, resume=True, output_dir=tmp_path / "out", log=lambda m: None)
+    assert len(again.trials) == 2 and len(optuna.load_study(study_name="rdb", storage=url).trials) == 2

@@ -1,6 +1,8 @@
 """FedCCL (Qiao et al., dual-clustered signal contrast), its ablations, FedCCL+ and FedAvg+ (METHODS.md §2).
 
-Model = feature extractor f (the ``embedding`` tap) + classifier g. Round r:
+Model = feature extractor f (the ``embedding`` tap) + classifier g. With a frozen pre-trained backbone
+(``cnn_backbone_mlp`` with ``freeze_backbone: true``, the paper's inter-domain setting) f is the trainable
+head's hidden layer (``head_hidden``) instead; ``tap`` picks another (:func:`resolve_signal_tap`). Round r:
 
 1. Client i trains with ``L = CE + w_local·L_local + w_global·L_global`` (Eq. 18, weights 1). With no signal
    yet (round 1) the loss is CE only.
@@ -58,8 +60,10 @@ from fedray.algorithms.prototypes import (
     check_choice,
     class_means,
     clustered_means,
+    _validate_tap,
     embed_client,
     logits_and_features,
+    resolve_signal_tap,
 )
 
 SIGNALS = ("both", "local", "global")
@@ -187,7 +191,7 @@ class FedCCL(SignalAccounting, Algorithm):
 
     name = "fedccl"
     defaults = {"tau": 0.07, "w_local": 1.0, "w_global": 1.0, "signals": "both", "local_mode": "clustered",
-                "global_mode": "clustered"}
+                "global_mode": "clustered", "tap": "auto"}
     description = "FedCCL: local + global clustered-signal contrast (FINCH on clients and coordinator)"
     adversarial = False
 
@@ -197,6 +201,7 @@ class FedCCL(SignalAccounting, Algorithm):
         check_choice(self.params, "signals", SIGNALS)
         check_choice(self.params, "local_mode", MODES)
         check_choice(self.params, "global_mode", MODES)
+        _validate_tap(self)
         if self.adversarial:
             _validate_adv(self.params, self)
 
@@ -278,17 +283,18 @@ class FedCCL(SignalAccounting, Algorithm):
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
         contrast = self.make_contrast(ctx, payload)
         adv = AdversarialExamples(ctx, self.params) if self.adversarial else None
+        tap = resolve_signal_tap(ctx.model, self.params["tap"])
 
         def loss_fn(model, x, y):
             if adv is not None:
                 x = adv(model, x, y)
             if contrast is None:
                 return F.cross_entropy(model(x), y)
-            logits, feats = logits_and_features(model, x)
+            logits, feats = logits_and_features(model, x, tap)
             return F.cross_entropy(logits, y) + contrast(feats, y)
 
         loss = local_sgd(ctx, loss_fn)
-        feats, labels = embed_client(ctx)
+        feats, labels = embed_client(ctx, tap)
         signals, signal_labels = clustered_means(feats, labels, self.params["local_mode"])
         return ClientUpdate(weights=ctx.flat.read(), num_samples=ctx.num_samples, loss=loss,
                             extras={"signals": signals, "signal_labels": signal_labels},

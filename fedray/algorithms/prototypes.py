@@ -75,6 +75,23 @@ def resolve_tap(model, tap: str) -> str:
     return tap
 
 
+def resolve_signal_tap(model, tap: str) -> str:
+    """The tap whose features FedCCL, FedProto and FPL contrast and upload. ``auto`` -> ``head_hidden`` when
+    the model is a backbone + MLP head whose backbone is frozen (``freeze_backbone: true``, the papers'
+    pre-trained extractor: only the head trains, so a loss on the frozen ``embedding`` would have no
+    gradient), else ``embedding`` (the vector the classifier reads, FedCCL's f(x))."""
+    if tap == "auto":
+        backbone = getattr(model, "backbone", None)
+        frozen = backbone is not None and not any(p.requires_grad for p in backbone.parameters())
+        return "head_hidden" if frozen and "head_hidden" in tuple(getattr(model, "feature_taps", ())) else "embedding"
+    return resolve_tap(model, tap)
+
+
+def _validate_tap(algo) -> None:
+    if not isinstance(algo.params["tap"], str):
+        raise cfg_error("tap", algo.params["tap"], "a feature tap name or 'auto'")
+
+
 def logits_and_features(model, x: torch.Tensor, tap: str = "embedding") -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass returning the logits and the (pooled, (B, D)) feature tap."""
     from fedray.models import pool_tap
@@ -264,9 +281,10 @@ class _RoundPrototypes(SignalAccounting, Algorithm):
         tensors = {k: as_tensor(v, ctx.device) for k, v in payload.items() if isinstance(v, np.ndarray)}
         active = bool(tensors)
         acc = LastEpochPrototypes(ctx, ctx.num_classes)
+        tap = resolve_signal_tap(ctx.model, self.params["tap"])
 
         def loss_fn(model, x, y):
-            logits, feats = logits_and_features(model, x)
+            logits, feats = logits_and_features(model, x, tap)
             acc.add(feats, y)
             loss = F.cross_entropy(logits, y)
             if active:
@@ -285,11 +303,12 @@ class FedProto(_RoundPrototypes):
     round's client prototypes of class c (module docstring). μ = 1 (FedProto's λ; MarsFL uses 2)."""
 
     name = "fedproto"
-    defaults = {"mu": 1.0}
+    defaults = {"mu": 1.0, "tap": "auto"}
     description = "FedProto under FedAvg: MSE to the mean class prototypes of the round's clients"
 
     def validate(self):
         self._require_nonneg("mu")
+        _validate_tap(self)
 
     def server_prototypes(self, protos, classes):
         means, cls = class_means(protos, classes)
@@ -307,11 +326,12 @@ class FPL(_RoundPrototypes):
     (module docstring)."""
 
     name = "fpl"
-    defaults = {"tau": 0.02}
+    defaults = {"tau": 0.02, "tap": "auto"}
     description = "FPL: server FINCH over class prototypes, cluster-prototype InfoNCE + MSE to their mean"
 
     def validate(self):
         self._require_pos("tau")
+        _validate_tap(self)
 
     def server_prototypes(self, protos, classes):
         cluster, cluster_labels = clustered_means(protos, classes, "clustered")
@@ -377,8 +397,7 @@ class FedPCL(SignalAccounting, Algorithm):
         self._require_pos("tau")
         self._require_nonneg("ce_weight")
         check_choice(self.params, "set_reduction", ("sum", "mean"))
-        if not isinstance(self.params["tap"], str):
-            raise cfg_error("tap", self.params["tap"], "a feature tap name or 'auto'")
+        _validate_tap(self)
 
     def init_state(self, weights):
         return {"clients": {}, "sets": None, "bytes": None}

@@ -7,7 +7,8 @@ current global weights ``w`` and ``avg`` into the next global weights. The pseud
 - ``none``: ``w' = avg`` exactly (bit-identical to FedAvg's average).
 - ``fedavgm`` (Hsu et al. 2019): ``m = beta*m + d``; ``w' = w - lr*m`` (momentum 0.4 in METHODS.md).
 - ``fedadam`` (Reddi et al. 2021): ``m = b1 m + (1-b1) d``, ``v = b2 v + (1-b2) d^2``,
-  ``w' = w - lr * m / (sqrt(v) + tau)`` with b1 0.9, b2 0.99, tau 1e-3, lr 0.01 (METHODS.md).
+  ``w' = w - lr * m / (sqrt(v) + tau)`` with b1 0.9, b2 0.99, tau 1e-3, lr 0.01 (METHODS.md); ``v`` starts
+  at ``tau^2`` as in the reference (and Reddi et al.'s ``v_{-1} >= tau^2``), ``m`` at zero.
 - ``fedacg`` (Kim et al. 2024): the server broadcasts the look-ahead ``w + lam*m`` (lam 0.85) and
   clients add a proximal term to it (the algorithm side reads ``payload["acg_beta"]``);
   ``m = lam*m + (avg - w_lookahead)...`` see :class:`FedACG`.
@@ -73,7 +74,9 @@ class FedAdam(ServerOptimizer):
         b1, b2, tau = (np.float32(self.params[k]) for k in ("beta1", "beta2", "tau"))
         d = avg - w  # ascent direction, as in Reddi et al.
         m = self.state.get("m", np.zeros_like(w))
-        v = self.state.get("v", np.zeros_like(w))
+        v = self.state.get("v")
+        if v is None:
+            v = np.full_like(w, tau * tau)
         m = b1 * m + (np.float32(1) - b1) * d
         v = b2 * v + (np.float32(1) - b2) * d * d
         self.state["m"], self.state["v"] = m.astype(np.float32), v.astype(np.float32)
