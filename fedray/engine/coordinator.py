@@ -35,9 +35,19 @@ from fedray.engine.worker import WorkerSpec
 _HELD_UPDATES_BYTES = 256 << 20
 
 
+def worker_spec(cfg_dict: dict, partition_path: str, state_path: str | None, run_dir: str,
+                worker_gpus: float) -> WorkerSpec:
+    """What every ClientWorker of a run is built from (used by the coordinator and by the driver when it
+    starts the Ray workers itself)."""
+    device = "auto" if cfg_dict["engine"]["device"] in ("auto", "cuda") and worker_gpus > 0 else "cpu"
+    return WorkerSpec(config=cfg_dict, partition_path=partition_path, state_path=state_path, run_dir=run_dir,
+                      device=device, gpu_fraction=worker_gpus or None)
+
+
 class Coordinator:
     def __init__(self, cfg_dict: dict, partition_path: str, run_dir: str, test_data: dict,
-                 num_workers: int, worker_cpus: float, worker_gpus: float, state_path: str | None):
+                 num_workers: int, worker_cpus: float, worker_gpus: float, state_path: str | None,
+                 workers: list | None = None):
         from fedray.algorithms import build_algorithm, build_server_optimizer
         from fedray.config import from_dict
         from fedray.data.store import PartitionStore
@@ -65,13 +75,9 @@ class Coordinator:
         self.ema: float | None = None
         self.round = 0
         self.run_dir = run_dir
-        worker_device = "cpu"
-        if cfg.engine.device in ("auto", "cuda") and worker_gpus > 0:
-            worker_device = "auto"
-        spec = WorkerSpec(config=cfg_dict, partition_path=partition_path, state_path=state_path, run_dir=run_dir,
-                          device=worker_device, gpu_fraction=worker_gpus or None)
+        spec = worker_spec(cfg_dict, partition_path, state_path, run_dir, worker_gpus)
         if cfg.engine.backend == "ray":
-            self.pool = RayPool(spec, num_workers, worker_cpus, worker_gpus)
+            self.pool = RayPool(spec, num_workers, worker_cpus, worker_gpus, actors=workers)
         else:
             self.pool = LocalPool(spec, num_workers)
         self.num_workers = num_workers

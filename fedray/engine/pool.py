@@ -81,19 +81,35 @@ class RayPool:
 
     kind = "ray"
 
-    def __init__(self, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float):
+    def __init__(self, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float, actors: list | None = None):
+        """``actors``: workers already started with :meth:`start` (the driver starts them while the
+        coordinator actor starts, so the two start-ups overlap); the pool waits for them and owns them
+        from here on (replacements are started by the pool)."""
         import ray
 
         self.ray = ray
         self.spec = spec
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
-        self.actor_cls = ray.remote(ClientWorker).options(
-            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0
-        )
+        self.actor_cls = self._actor_cls(num_cpus, num_gpus)
         self.restarts = 0
-        self.workers = [self.actor_cls.remote(spec, f"w{i}") for i in range(num_workers)]
+        if actors is not None and len(actors) != num_workers:
+            raise ValueError(f"RayPool: {len(actors)} pre-started workers given for num_workers={num_workers}")
+        self.workers = list(actors) if actors is not None else self.start(spec, num_workers, num_cpus, num_gpus)
         self._ready(self.workers)
+
+    @staticmethod
+    def _actor_cls(num_cpus: float, num_gpus: float):
+        import ray
+
+        return ray.remote(ClientWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0,
+                                                max_task_retries=0)
+
+    @classmethod
+    def start(cls, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float) -> list:
+        """Start ``num_workers`` ClientWorker actors without waiting for them (handles to pass as ``actors``)."""
+        actor_cls = cls._actor_cls(num_cpus, num_gpus)
+        return [actor_cls.remote(spec, f"w{i}") for i in range(num_workers)]
 
     def _ready(self, actors, timeout: float = 600.0):
         refs = [a.ping.remote() for a in actors]

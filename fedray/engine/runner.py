@@ -144,14 +144,18 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     if cfg.engine.backend == "ray":
         import ray
 
-        from fedray.engine.coordinator import Coordinator
-        from fedray.engine.pool import default_num_workers
+        from fedray.engine.coordinator import Coordinator, worker_spec
+        from fedray.engine.pool import RayPool, default_num_workers
 
         ensure_ray(cfg)
         n_workers, wcpu, wgpu = default_num_workers(cfg, k)
+        # the client workers start (import torch, open the partition) while the coordinator actor does
+        workers = RayPool.start(worker_spec(cfg_dict, str(store.path), state_path, str(rd.path), wgpu),
+                                n_workers, wcpu, wgpu)
         coord_cls = ray.remote(Coordinator).options(num_cpus=cfg.engine.coordinator_num_cpus, max_restarts=0,
                                                      max_concurrency=1)
-        coord = coord_cls.remote(cfg_dict, str(store.path), str(rd.path), ray.put(test), n_workers, wcpu, wgpu, state_path)
+        coord = coord_cls.remote(cfg_dict, str(store.path), str(rd.path), ray.put(test), n_workers, wcpu, wgpu,
+                                 state_path, workers)
 
         def call(method, *args):
             return ray.get(getattr(coord, method).remote(*args))
