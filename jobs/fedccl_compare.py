@@ -14,7 +14,11 @@ Settings (configs in ``jobs/configs``):
   60 rounds (``fedccl_digits.yaml``);
 * ``mnist-dir0.05``: source ``mnist5k``, 10 clients, Dirichlet 0.05 with unequal sizes, 4-layer CNN,
   SGD 0.01, batch 64, 1 local epoch, 100 rounds (``fedccl_mnist.yaml``);
-* ``--robustness``: ``fedccl_plus_mnist.yaml`` (Table 8) with FedAvg, FedAvg+ and FedCCL+.
+* ``--robustness``: ``fedccl_plus_mnist.yaml`` (Table 8) with FedAvg, FedAvg+ and FedCCL+;
+* ``digit5`` / ``office10`` / ``domainnet`` (only when named in ``--settings``, with ``--data-root DIR``
+  holding the datasets' image folders, see ``fedray datasets``): the inter-domain setting on the real data,
+  one client per domain. ``--backbone-weights FILE`` loads a pre-trained backbone state_dict from a local
+  file and freezes it (the paper's frozen extractor; the contrast then acts on the MLP head's hidden layer).
 
 Every method runs on the same partition and initial model. Accuracy is the mean of the last five
 evaluated rounds (per domain and their average where the test split has domains), averaged over seeds
@@ -44,6 +48,19 @@ SETTINGS = {
                                                  "data.partition.params.alpha=0.5"]),
     "mnist-dir0.05": ("fedccl_mnist.yaml", []),
 }
+# The paper's inter-domain datasets, read from their image folders under --data-root when present (never
+# downloaded): the digits-domains setting with the real source, one client per domain.
+ON_DISK = {
+    "digit5": ("fedccl_digits.yaml", ["data.source=digit5", "data.partition.num_clients=5",
+                                      "train.clients_per_round=5"]),
+    "office10": ("fedccl_digits.yaml", ["data.source=office10", "data.partition.num_clients=4",
+                                        "train.clients_per_round=4"]),
+    "domainnet": ("fedccl_digits.yaml", ["data.source=domainnet", "data.partition.num_clients=6",
+                                         "train.clients_per_round=6"]),
+}
+EMBEDDED = tuple(SETTINGS)
+SETTINGS.update(ON_DISK)
+BACKBONE_SETTINGS = {name for name, (f, _) in SETTINGS.items() if f == "fedccl_digits.yaml"}  # cnn_backbone_mlp
 ROBUST_SETTING = ("robustness-mnist", "fedccl_plus_mnist.yaml")
 QUICK = {"rounds": 3, "max_per_domain": 500}
 
@@ -202,8 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="+", default=list(METHODS),
                     help=f"methods (default {' '.join(METHODS)}; fedccl-local / fedccl-global are FedCCL with "
                          "only the local / only the global signal contrast)")
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
-                    help="settings to run (default all)")
+    ap.add_argument("--settings", nargs="+", default=list(EMBEDDED), choices=list(SETTINGS),
+                    help=f"settings to run (default the embedded ones: {' '.join(EMBEDDED)}; "
+                         f"{' / '.join(ON_DISK)} need --data-root)")
+    ap.add_argument("--data-root", default=None, help="directory holding the on-disk datasets (data.root)")
+    ap.add_argument("--backbone-weights", default=None,
+                    help="local .pt state_dict of a pre-trained backbone for the cnn_backbone_mlp settings; "
+                         "the backbone is frozen")
     ap.add_argument("--robustness", action="store_true", help="also run Table 8 (FedAvg, FedAvg+, FedCCL+)")
     ap.add_argument("--backend", default="local", choices=["local", "ray"], help="engine backend (default local)")
     ap.add_argument("--workers", type=int, default=None, help="client workers (default: engine default)")
@@ -216,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--seeds must be >= 1")
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be >= 1")
+    needs_root = [s for s in args.settings if s in ON_DISK]
+    if needs_root and not args.data_root:
+        ap.error(f"--settings {' '.join(needs_root)}: give --data-root, the directory holding the dataset's folders")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tables, everything = [], {}
@@ -223,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in args.settings:
             setting_file, overrides = SETTINGS[name]
+            overrides = list(overrides)
+            if args.data_root:
+                overrides.append(f"data.root={args.data_root}")
+            if args.backbone_weights and name in BACKBONE_SETTINGS:
+                overrides += [f"model.params.backbone_weights={args.backbone_weights}",
+                              "model.params.freeze_backbone=true"]
             res = run_setting(name, setting_file, overrides, args.methods, args.seeds, out, args, print)
             everything[name] = res
             tables.append(accuracy_table(name, res))

@@ -2,7 +2,7 @@
 
     python -m jobs.fedrcl_compare                       # mnist5k, cnn_taps, alpha 0.05 and 0.3 (~20 min, 2 cores)
     python -m jobs.fedrcl_compare --quick               # smoke run (~1 min): 3 rounds, 1 local epoch
-    python -m jobs.fedrcl_compare --source cifar10 --model resnet18_gn --data-root /data --backend ray
+    python -m jobs.fedrcl_compare --source cifar10 --data-root /data --backend ray   # GN ResNet-18 by default
 
 Setting (FedRCL §5.1 scaled down): 100 clients with equal-sized balanced-Dirichlet shards
 (α ∈ {0.05, 0.3}), 5 clients per round, SGD lr 0.1 decayed ×0.998 per round, weight decay 1e-3, no
@@ -40,8 +40,10 @@ from multiprocessing import get_context
 from pathlib import Path
 
 METHODS = ("fedavg", "fedscl", "fedrcl")
+# baselines that may be added with --methods (their METHODS.md defaults)
+EXTRA_METHODS = ("fedprox", "moon", "fedlc", "fedntd", "feddecorr", "fedmlb", "fedproc", "feddyn", "fitnet", "fedcl")
 ALPHAS = (0.05, 0.3)
-CIFAR_LIKE = ("cifar10", "cifar100", "tinyimagenet")
+CIFAR_LIKE = ("cifar10", "cifar100", "tiny-imagenet", "cinic10")
 
 
 def experiment_config(method: str, alpha: float, args) -> dict:
@@ -49,7 +51,7 @@ def experiment_config(method: str, alpha: float, args) -> dict:
     quick = bool(args.quick)
     cifar = args.source in CIFAR_LIKE
     rounds = args.rounds if args.rounds is not None else (3 if quick else 80)
-    params = {"weighting": "uniform"}  # FedRCL: unweighted mean (equal-sized clients)
+    params = {"weighting": "uniform"} if method in METHODS else {}  # FedRCL: unweighted mean (equal-sized clients)
     if method == "fedrcl":
         params.update(lam=0.7, beta=1.0, tau=0.05)
     elif method == "fedscl":
@@ -63,7 +65,7 @@ def experiment_config(method: str, alpha: float, args) -> dict:
             "cache_dir": str(Path(args.out) / "_partitions"),
             "partition": {"name": "balanced_dirichlet", "num_clients": 100, "params": {"alpha": float(alpha)}},
         },
-        "model": {"name": args.model},
+        "model": {"name": args.model or ("resnet18_gn" if cifar else "cnn_taps")},
         "algorithm": {"name": method, "params": params},
         "server": {"name": "none"},
         "train": {
@@ -140,6 +142,32 @@ def comparison_table(run_dirs: dict[tuple[str, float], Path], methods, alphas) -
     return "\n".join(lines)
 
 
+def early_table(run_dirs: dict[tuple[str, float], Path], methods, alphas) -> str:
+    """Markdown for the paper's early-training claims: per α the mean accuracy over the first quarter of the
+    rounds and the effective rank / VCI at the first analysis round."""
+    from fedray.reporting.rundir import RunDir
+
+    head = ["method"]
+    rounds_q, first_ana = None, None
+    for a in alphas:
+        head += [f"mean acc, first quarter α={a:g}", f"eff.rank first α={a:g}", f"VCI first α={a:g}"]
+    lines = []
+    for m in methods:
+        cells = [m]
+        for a in alphas:
+            rows = RunDir(run_dirs[(m, a)]).read_metrics()
+            q = max(1, len(rows) // 4)
+            early = [r["accuracy"] for r in rows[:q] if r.get("accuracy") is not None]
+            ana = next((r for r in rows if r.get("analysis")), None)
+            rounds_q, first_ana = q, (ana["round"] if ana else None)
+            cells += [f"{sum(early) / len(early):.4f}" if early else "–",
+                      f"{ana['analysis']['effective_rank']:.2f}" if ana else "–",
+                      f"{ana['analysis']['vci']:.3f}" if ana else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    note = f"Rounds 1..{rounds_q}; feature metrics at round {first_ana}." if rounds_q else ""
+    return "\n".join([note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jobs.fedrcl_compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,10 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/fedrcl_compare", help="output directory")
     ap.add_argument("--quick", action="store_true", help="smoke mode: 3 rounds, 1 local epoch (~1 min)")
     ap.add_argument("--source", default="mnist5k", help="data source (e.g. cifar10 with --data-root)")
-    ap.add_argument("--model", default="cnn_taps", help="model name (e.g. resnet18_gn)")
+    ap.add_argument("--model", default=None,
+                    help="model name (default cnn_taps; resnet18_gn for cifar10/cifar100/tiny-imagenet/cinic10)")
     ap.add_argument("--data-root", default=None, help="directory of on-disk datasets (data.root)")
     ap.add_argument("--alphas", type=float, nargs="+", default=list(ALPHAS), help="Dirichlet α values")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *EXTRA_METHODS],
+                    help=f"default {' '.join(METHODS)}; baselines that can be added: {' '.join(EXTRA_METHODS)}")
     ap.add_argument("--analysis-every", type=int, default=None, help="feature metrics every k rounds (default 5, --quick 1)")
     ap.add_argument("--backend", choices=["local", "ray"], default="local")
     ap.add_argument("--parallel", type=int, default=None,
@@ -192,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in cfgs.values():  # fresh run directories (a stale one would mix two runs' metrics and client state)
         shutil.rmtree(Path(c["output"]["root"]) / c["output"]["name"], ignore_errors=True)
     print(f"jobs.fedrcl_compare: {len(jobs)} runs ({', '.join(args.methods)} × α {args.alphas}) on {args.source} / "
-          f"{args.model}, {cfgs[jobs[0]]['train']['rounds']} rounds each -> {out}", flush=True)
+          f"{cfgs[jobs[0]]['model']['name']}, {cfgs[jobs[0]]['train']['rounds']} rounds each -> {out}", flush=True)
     t0 = time.perf_counter()
     results: dict[tuple[str, float], dict] = {}
     if args.backend == "local":
@@ -227,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join([
         "# FedRCL comparison (jobs.fedrcl_compare)",
         "",
-        f"{args.source} / {args.model}; 100 clients, balanced Dirichlet α ∈ {{{', '.join(f'{a:g}' for a in args.alphas)}}}, "
+        f"{args.source} / {cfgs[jobs[0]]['model']['name']}; 100 clients, balanced Dirichlet α ∈ {{{', '.join(f'{a:g}' for a in args.alphas)}}}, "
         f"{tr['clients_per_round']} clients per round, {tr['rounds']} rounds, {tr['local_epochs']} local epochs, "
         f"batch {tr['batch_size']}, SGD lr {tr['lr']} ×{tr['lr_decay']}/round, weight decay {tr['weight_decay']}, "
         f"clip {tr['grad_clip']}, augment {tr['augment']}; FedRCL λ 0.7, β 1, τ 0.05; seed {args.seed}. "
@@ -237,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         "feature metrics of its test embeddings at the last analysis round (effective rank of the covariance, VCI).",
         "",
         table,
+        "",
+        "Early training (the paper's claims: FedRCL above FedSCL early on; FedSCL's effective rank below FedAvg's,",
+        "FedRCL's above):",
+        "",
+        early_table(run_dirs, args.methods, args.alphas),
         "",
         "Plots: `report/accuracy.png`, `report/analysis.png` (all runs); per α in `report/alpha-<α>/`.",
         "",

@@ -678,3 +678,52 @@ def test_proximal_term():
         L.proximal_term(p, q, -1.0)
     with pytest.raises(ValueError, match="params is empty"):
         L.proximal_term([], [], 1.0)
+
+
+IDENTICAL = [b for b in BATCHES if b[0].startswith("identical")]
+
+
+@pytest.mark.parametrize("variant", ["reference", "paper"])
+@pytest.mark.parametrize("name,feats,labels", IDENTICAL, ids=[b[0] for b in IDENTICAL])
+def test_rcl_values_match_loop_reference_on_identical_features(variant, name, feats, labels):
+    """All-identical features (every cosine 1, ties everywhere): the SCL and penalty values equal the loop
+    reference's (gradients are left out: with ties the hardest pair is any of them)."""
+    for tau, lam in [(0.05, 0.7), (0.5, 0.3)]:
+        scl, pen = L.relaxed_contrastive_loss(feats, labels, tau=tau, lam=lam, variant=variant, return_parts=True)
+        ref_scl, ref_pen = rcl_ref(feats, labels, tau, lam, variant)
+        assert_close(scl, ref_scl)
+        assert_close(pen, ref_pen)
+        assert pen > 0  # a collapsed class is penalised
+
+
+def _pcl_ref(f, y, sets, classes, tau, reduction):
+    """FedPCL's prototype-anchored contrast with Python loops over sets, samples and batch members."""
+    b = f.shape[0]
+    cos = lambda u, v: float(torch.dot(u, v) / (u.norm() * v.norm()))  # noqa: E731
+    per_set = []
+    for s in range(sets.shape[0]):
+        total = 0.0
+        for i in range(b):
+            hits = [k for k in range(classes.shape[0]) if int(classes[k]) == int(y[i])]
+            if not hits:
+                continue
+            p = sets[s, hits[0]]
+            same = [j for j in range(b) if int(y[j]) == int(y[i])]
+            log_norm = math.log(sum(math.exp(cos(p, f[k]) / tau) for k in range(b)))
+            total += -sum(cos(p, f[j]) / tau - log_norm for j in same) / len(same)
+        per_set.append(total / b)
+    return sum(per_set) if reduction == "sum" else sum(per_set) / len(per_set)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_prototype_anchor_contrast_matches_loop_reference(seed, reduction):
+    from fedray.algorithms.prototypes import prototype_anchor_contrast
+
+    g = _gen(seed)
+    f = torch.randn(11, 6, generator=g, dtype=DT)
+    y = torch.randint(0, 5, (11,), generator=g)
+    classes = torch.tensor([0, 1, 2, 4])  # class 3 has no prototype: its samples contribute 0
+    sets = torch.randn(3, 4, 6, generator=g, dtype=DT)
+    got = prototype_anchor_contrast(f, y, sets, classes, tau=0.07, reduction=reduction)
+    assert float(got) == pytest.approx(_pcl_ref(f, y, sets, classes, 0.07, reduction), rel=1e-5)

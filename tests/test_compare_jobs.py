@@ -1,0 +1,48 @@
+"""The papers' comparison jobs (jobs/*_compare.py): their configs for the embedded data and for the real
+datasets (CIFAR with the GroupNorm ResNet-18, Digit-5 / Office-10 / DomainNet folders) and their errors.
+The runs themselves are measured in docs/reproductions.md; here nothing trains."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from fedray.config import from_dict
+
+
+def _fedrcl_args(**over):
+    base = dict(quick=False, rounds=None, source="mnist5k", model=None, data_root=None, analysis_every=None,
+                backend="local", workers=None, threads=1, device="auto", seed=0, out="/tmp/unused")
+    return argparse.Namespace(**{**base, **over})
+
+
+def test_fedrcl_compare_configs_embedded_and_cifar():
+    from jobs.fedrcl_compare import experiment_config
+
+    mnist = from_dict(experiment_config("fedrcl", 0.05, _fedrcl_args()))
+    assert mnist.model.name == "cnn_taps" and mnist.train.batch_size == 10 and mnist.train.augment is None
+    assert mnist.data.partition.name == "balanced_dirichlet" and mnist.data.partition.params == {"alpha": 0.05}
+    assert mnist.algorithm.params == {"weighting": "uniform", "lam": 0.7, "beta": 1.0, "tau": 0.05}
+    cifar = from_dict(experiment_config("fedscl", 0.3, _fedrcl_args(source="cifar10", data_root="/data")))
+    # unchanged on CIFAR: the paper's GroupNorm ResNet-18, batch 50, its augmentation
+    assert cifar.model.name == "resnet18_gn" and cifar.train.batch_size == 50
+    assert cifar.train.augment == ["rotate", "crop", "flip"] and cifar.data.root == "/data"
+    extra = from_dict(experiment_config("moon", 0.3, _fedrcl_args()))
+    assert extra.algorithm.name == "moon" and extra.algorithm.params == {}
+
+
+def test_fedccl_compare_settings():
+    from jobs.fedccl_compare import ON_DISK, build_config, main
+
+    for name, (setting_file, overrides) in ON_DISK.items():
+        cfg = build_config(setting_file, [*overrides, "data.root=/data/domains"], "fedccl", 0, Path("/tmp/x"),
+                           quick=False, backend="local", workers=None)
+        assert cfg.data.source == name and cfg.data.partition.name == "domain"
+        assert cfg.train.clients_per_round == cfg.data.partition.num_clients and cfg.data.root == "/data/domains"
+    local = build_config("fedccl_digits.yaml", [], "fedccl-local", 0, Path("/tmp/x"),
+                         quick=False, backend="local", workers=None)
+    assert local.algorithm.name == "fedccl" and local.algorithm.params["signals"] == "local"
+    with pytest.raises(SystemExit):  # an on-disk setting without --data-root is refused before any work
+        main(["--settings", "office10", "--out", "/tmp/unused-fedccl"])
