@@ -319,14 +319,18 @@ def _load(storage_path: Path, name: str):
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def test_resume_after_sigkill(tmp_path, partition_cache, monkeypatch):
-    """`python -m jobs.tune` (local backend) is SIGKILLed while a trial runs, then resumed to the end."""
+@pytest.mark.ray
+def test_resume_after_sigkill(tmp_path, partition_cache, monkeypatch, ray_session):
+    """`python -m jobs.tune`, its trials running on the session's local Ray (engine.backend ray, the driver
+    connecting through RAY_ADDRESS like a job), is SIGKILLed while a trial runs, then resumed to the end."""
     d = study_dict(tmp_path, partition_cache, name="crash", budget={"n_trials": 3})
     d["base_config"]["train"]["rounds"] = 1
+    d["base_config"]["engine"] = {"backend": "ray", "num_workers": 1}
     study_file = write_study(tmp_path / "crash.yaml", d)
     out = tmp_path / "studies"
     journal = out / "crash" / "journal.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1",
+           "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
     cmd = [sys.executable, "-m", "jobs.tune", "--study", str(study_file), "--output-dir", str(out)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     def ready_to_kill() -> bool:
