@@ -261,6 +261,22 @@ def test_every_split_method_runs_two_rounds_and_is_worker_count_invariant(tmp_pa
         assert math.isfinite(r["client_loss"])
 
 
+def test_splitfed_v2_client_order_is_the_interleaved_arithmetic_chained_client_by_client(tmp_path, partition_cache):
+    """order: client (the reference: each client's whole local training meets the server before the next)
+    takes the same server steps as order: iteration when a round has one client or one local iteration
+    (the same sequence of steps), and a different sequence otherwise."""
+    def run(sub, order, **over):
+        cfg = _cfg(tmp_path / sub, partition_cache, "splitfed_v2", {"order": order, **over.pop("params", {})},
+                   model_params={"dropout": 0.0}, **over)
+        return _run(cfg)
+
+    one_client = {"train__clients_per_round": 1}
+    assert run("c1", "client", **one_client).weights_hash == run("i1", "iteration", **one_client).weights_hash
+    one_iter = {"params": {"local_iters": 1}}
+    assert run("c2", "client", **one_iter).weights_hash == run("i2", "iteration", **one_iter).weights_hash
+    assert run("c3", "client").weights_hash != run("i3", "iteration").weights_hash
+
+
 def test_splitfed_v3_keeps_client_models_local(tmp_path, partition_cache):
     few = {"name": "classes_per_client", "num_clients": 6, "params": {"classes": 2}}
     v1 = _run(_cfg(tmp_path / "v1", partition_cache, "splitfed_v1", data__partition=few, train__rounds=3))
@@ -326,6 +342,8 @@ def test_split_config_errors_name_the_field(tmp_path, partition_cache):
         _run(_cfg(tmp_path, partition_cache, "splitfed_v1", {"local_iters": 0}))
     with pytest.raises(ConfigError, match=r"^algorithm\.params\.split_point"):
         _run(_cfg(tmp_path, partition_cache, "splitfed_v2", {"split_point": "nowhere"}))
+    with pytest.raises(ConfigError, match=r"^algorithm\.params\.order"):
+        _run(_cfg(tmp_path, partition_cache, "splitfed_v2", {"order": "random"}))
 
 
 # ------------------------------------------------------------------------------------ FL baselines

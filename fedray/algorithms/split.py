@@ -26,7 +26,8 @@ All methods use the client optimizer settings of ``train`` (``optimizer``, ``lr`
 | ``splitfed_v1``  | one copy per client (from the global one each round), CE, copies     | exact back-prop,         |
 |                  | trained in parallel and averaged at round end                        | averaged                 |
 | ``splitfed_v2``  | one model, updated sequentially over the clients (seeded random      | exact back-prop,         |
-|                  | order per round) within every iteration                              | averaged                 |
+|                  | order per round): client after client (``order: iteration``: within  | averaged                 |
+|                  | every iteration)                                                     |                          |
 | ``splitfed_v3``  | as V1 (per-client copies, averaged)                                  | kept local (client state)|
 | ``sfl_local_loss``| one model, CE on the concatenated activations                       | auxiliary head, local    |
 |                  |                                                                      | loss, no gradient return |
@@ -149,13 +150,17 @@ class SplitAlgorithm(Algorithm):
     - ``client_models``: ``"average"`` (FedAvg of the client-side models each round) or ``"local"``
       (each client keeps its own client-side model as client state; the global client-side part is still
       the weighted average, used for evaluation and as the start model of first-time clients);
-    - ``server_copies``: one server-side copy per participating client, averaged at round end.
+    - ``server_copies``: one server-side copy per participating client, averaged at round end;
+    - ``sequential_clients``: the clients go through their local iterations one after another (in the
+      server's seeded random order of the round), each client's whole local training meeting the server
+      before the next client starts; otherwise all clients take every iteration together.
     """
 
     program = "split"
     returns_gradients = True
     client_models = "average"
     server_copies = False
+    sequential_clients = False
     defaults: dict[str, Any] = {"batch_size": 320, "local_iters": 5, "split_point": None, "server_lr": None}
 
     @property
@@ -304,13 +309,27 @@ class SplitFedV1(SplitAlgorithm):
 
 @register
 class SplitFedV2(SplitAlgorithm):
-    """SplitFedV2 (Thapa et al.): one server-side model updated sequentially over the clients. In every
-    local iteration the server takes one CE step per client, in a random order drawn once per round from
-    (seed, round); each client's gradient is exact back-prop at the server weights it met (before its own
-    step). Client-side models are averaged each round."""
+    """SplitFedV2 (Thapa et al.): one server-side model updated sequentially over the clients, in a random
+    order drawn once per round from (seed, round); each client's gradient is exact back-prop at the server
+    weights it met (before its own step). Client-side models are averaged each round.
+
+    ``order: client`` (default, the reference SFLV2 code): a client runs all its local iterations against
+    the server before the next client starts (``local_iters`` x clients round trips per round, one client
+    at a time). ``order: iteration``: all clients take each local iteration together and the server steps
+    once per client within it (clients interleaved; ``local_iters`` round trips per round)."""
 
     name = "splitfed_v2"
     description = "SplitFedV2: one server-side model updated sequentially over clients in random order"
+    defaults = {**SplitAlgorithm.defaults, "order": "client"}
+
+    def validate(self) -> None:
+        super().validate()
+        if self.params["order"] not in ("client", "iteration"):
+            raise ConfigError(f"algorithm.params.order: must be 'client' or 'iteration', got {self.params['order']!r}")
+
+    @property
+    def sequential_clients(self) -> bool:
+        return self.params["order"] == "client"
 
     def server_iteration(self, srv, batch: SplitBatch) -> IterationResult:
         n = len(batch)

@@ -669,51 +669,65 @@ class SplitProgram:
         secs["broadcast"] = time.perf_counter() - t0
 
         track = {"restarts0": pool.restarts, "retries": 0, "attempts": defaultdict(int), "ledger": []}
-        history: list[dict | None] = []
-        grads: dict | None = None
         nbytes = {"activations": 0, "labels": 0, "gradients": 0}
         losses: list[float] = []
         metrics: dict[str, list[float]] = defaultdict(list)
         client_losses: dict[int, list[float]] = defaultdict(list)
-        t_clients = t_server = 0.0
+        timing = {"clients": 0.0, "server": 0.0}
         final: dict[int, SplitOutcome] = {}
         dev = self.server.device
-        for it in range(self.iters + 1):
-            t0 = time.perf_counter()
-            outs = self._run_tasks(rnd, it, init_ref, p_ref, items_of, grads, history, track)
-            t_clients += time.perf_counter() - t0
-            if it == self.iters:
-                final = outs
-                break
-            t0 = time.perf_counter()
-            acts, labels = [], []
-            for p in range(len(sampled)):
-                o = outs[p]
-                nbytes["activations"] += int(o.activations.nbytes)
-                nbytes["labels"] += int(o.labels.nbytes)
-                acts.append(torch.tensor(o.activations, device=dev))
-                labels.append(torch.tensor(o.labels, dtype=torch.int64, device=dev))
-            batch = SplitBatch(positions=list(range(len(sampled))), cids=list(sampled), activations=acts,
-                               labels=labels, class_counts=self.class_counts[sampled], num_classes=self.num_classes)
-            self.server.begin_iteration(it)
-            res = algo.server_iteration(self.server, batch)
-            losses.append(float(res.loss))
-            for key, v in res.metrics.items():
-                metrics[key].append(float(v))
-            for p, l in enumerate(res.client_losses):
-                client_losses[p].append(float(l))
-            if algo.returns_gradients:
-                if res.grads is None or len(res.grads) != len(sampled):
-                    raise RuntimeError(f"{algo.name}.server_iteration returned no gradient rows for every client")
-                grads = {p: np.ascontiguousarray(g.detach().to("cpu").numpy(), dtype=np.float32)
-                         for p, g in enumerate(res.grads)}
-                nbytes["gradients"] += int(sum(g.nbytes for g in grads.values()))
-            else:
-                grads = None
-            history.append(grads)
-            t_server += time.perf_counter() - t0
-        secs["clients"] = t_clients
-        secs["server"] = t_server
+
+        def iterate(group: list[int], step0: int) -> None:
+            """Run the positions ``group`` together through the local iterations (server steps numbered
+            from ``step0``); their trained client-side vectors go into ``final``."""
+            members = set(group)
+            items = {w: [x for x in its if x[0] in members] for w, its in items_of.items()}
+            items = {w: its for w, its in items.items() if its}
+            history: list[dict | None] = []
+            grads: dict | None = None
+            for it in range(self.iters + 1):
+                t0 = time.perf_counter()
+                outs = self._run_tasks(rnd, it, init_ref, p_ref, items, grads, history, track)
+                timing["clients"] += time.perf_counter() - t0
+                if it == self.iters:
+                    final.update(outs)
+                    return
+                t0 = time.perf_counter()
+                acts, labels = [], []
+                for p in group:
+                    o = outs[p]
+                    nbytes["activations"] += int(o.activations.nbytes)
+                    nbytes["labels"] += int(o.labels.nbytes)
+                    acts.append(torch.tensor(o.activations, device=dev))
+                    labels.append(torch.tensor(o.labels, dtype=torch.int64, device=dev))
+                cids = [int(sampled[p]) for p in group]
+                batch = SplitBatch(positions=list(group), cids=cids, activations=acts, labels=labels,
+                                   class_counts=self.class_counts[cids], num_classes=self.num_classes)
+                self.server.begin_iteration(step0 + it)
+                res = algo.server_iteration(self.server, batch)
+                losses.append(float(res.loss))
+                for key, v in res.metrics.items():
+                    metrics[key].append(float(v))
+                for p, l in zip(group, res.client_losses):
+                    client_losses[p].append(float(l))
+                if algo.returns_gradients:
+                    if res.grads is None or len(res.grads) != len(group):
+                        raise RuntimeError(f"{algo.name}.server_iteration returned no gradient rows for every client")
+                    grads = {p: np.ascontiguousarray(g.detach().to("cpu").numpy(), dtype=np.float32)
+                             for p, g in zip(group, res.grads)}
+                    nbytes["gradients"] += int(sum(g.nbytes for g in grads.values()))
+                else:
+                    grads = None
+                history.append(grads)
+                timing["server"] += time.perf_counter() - t0
+
+        if algo.sequential_clients:  # one client at a time, in the server's order of the round
+            for k, p in enumerate(self.server.client_order(len(sampled))):
+                iterate([p], k * self.iters)
+        else:
+            iterate(list(range(len(sampled))), 0)
+        secs["clients"] = timing["clients"]
+        secs["server"] = timing["server"]
 
         t0 = time.perf_counter()
         total_w = float(sum(client_w))
