@@ -6,6 +6,7 @@
     fedray report RUN_DIR [RUN_DIR ...]  rebuild tables and PNG plots from run directories
     fedray tune STUDY.yaml [--resume]    hyper-parameter study over whole runs (docs/tuning.md)
     fedray scale SCALE.yaml              client-count scaling sweep -> Parquet table + plots (docs/scaling.md)
+    fedray bench [NAME [ARGS ...]]       list / run the benchmarks of bench/ (docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -93,6 +94,36 @@ def _cmd_scale(args) -> int:
     return main_cli(args.scale, output=args.output_dir, dry_run=args.dry_run, resume=args.resume)
 
 
+def bench_scripts() -> dict:
+    """name -> path of the repository's ``bench/bench_<name>.py`` scripts (empty outside a source checkout:
+    the benchmarks are not installed with the package)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "bench"
+    return {p.stem[len("bench_"):]: p for p in sorted(root.glob("bench_*.py"))} if root.is_dir() else {}
+
+
+def _cmd_bench(args) -> int:
+    import ast
+    import subprocess
+
+    scripts = bench_scripts()
+    if not scripts:
+        print("fedray bench: no bench/ folder next to this fedray package; the benchmarks ship with the source "
+              "repository (run from a checkout: bash scripts/setup.sh)", file=sys.stderr)
+        return 2
+    if args.name is None:
+        for name, path in scripts.items():
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            print(f"{name:14s} {doc.splitlines()[0] if doc else ''}")
+        print("run one: fedray bench NAME [ARGS ...]  (ARGS go to the script; fedray bench NAME --help)")
+        return 0
+    if args.name not in scripts:
+        print(f"fedray bench: unknown benchmark {args.name!r} (known: {', '.join(scripts)})", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(scripts[args.name]), *args.args])
+
+
 def _cmd_tune(args) -> int:
     from tuning.runner import run_cli
 
@@ -158,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--resume", action="store_true",
                     help="keep the points an interrupted sweep into the same output directory finished; run the rest")
     sc.set_defaults(func=_cmd_scale)
+
+    be = sub.add_parser("bench", help="list or run the benchmarks of bench/ (they print figures, never assert)",
+                        description="Without NAME: list the benchmark scripts of the repository's bench/ folder. "
+                                    "With NAME: run bench/bench_NAME.py with the remaining arguments, e.g. "
+                                    "`fedray bench workload --flower`. Measured figures: docs/benchmarks.md.")
+    be.add_argument("name", nargs="?", metavar="NAME")
+    be.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    be.set_defaults(func=_cmd_bench)
     return p
 
 

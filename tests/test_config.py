@@ -118,3 +118,13 @@ def test_every_algorithm_and_server_optimizer_has_an_example_config():
     servers = {c.server.name for c in cfgs}
     assert set(ALGORITHMS) - algorithms == set(), "algorithms without an example config in jobs/configs/"
     assert set(SERVER_OPTIMIZERS) - servers == set(), "server optimizers without an example config"
+
+
+def test_cli_bench_lists_and_refuses_unknown(capsys):
+    from fedray.cli import bench_scripts, main
+
+    assert {"workload", "partition", "finch", "fedrcl_loss", "split", "aggregate"} <= set(bench_scripts())
+    assert main(["bench"]) == 0
+    assert "workload" in capsys.readouterr().out
+    assert main(["bench", "no-such"]) == 2
+    assert "unknown benchmark 'no-such'" in capsys.readouterr().err
