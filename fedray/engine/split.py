@@ -17,7 +17,9 @@ does with the activations) live in :mod:`fedray.algorithms.split`. One round:
    completion order), runs ``algorithm.server_iteration`` on the server-side model it holds
    (:class:`SplitServer`, on the coordinator's device, a GPU when ``engine.device: cuda``) and sends each
    client its gradient rows with the next task. Task ``T`` (after the last iteration) returns the trained
-   client-side vectors.
+   client-side vectors. Algorithms with ``sequential_clients`` (SplitFedV2's default ``order: client``)
+   run this loop once per client instead, one client at a time in the server's seeded order, so each
+   client's whole local training meets the server model the previous clients left.
 3. **Aggregate.** Client-side vectors are averaged with weights ``client_weight(|D_k|)`` folded in sampled
    order; the server side becomes the single server model (SCALA, V2, local loss) or the weighted average
    of the per-client copies (V1, V3). Both halves are written into the global weight vector; the
@@ -34,7 +36,7 @@ round (a split round cannot drop a client half-way); worker replacements are bou
 ``engine.max_worker_restarts`` per round.
 
 **Determinism.** Every random draw is keyed: minibatches by (seed, round, client), client-side dropout
-by (seed, round, client, iteration), server-side dropout by (seed, round, iteration, forward call), the
+by (seed, round, client, iteration), server-side dropout by (seed, round, server step, forward call), the
 SplitFedV2 client order by (seed, round); the fold order is the sampled order. The same config gives the
 same weights whatever the backend or the number of workers, with or without worker crashes.
 """
