@@ -373,8 +373,8 @@ class Coordinator:
                         record(out)
                         results[out.pos] = out
                         done_ok += 1
-                if not collect_all:
-                    fold_ready()
+            if not collect_all:  # after results *and* drops (a drop can unblock buffered results)
+                fold_ready()
         # stragglers: clients still running (cancelled) or never started when the round closed
         cancelled = sum(len(items) for _, items in inflight.values()) + sum(len(items) for _, items in queue)
         if inflight:
