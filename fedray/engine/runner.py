@@ -218,6 +218,35 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
     except ValueError:  # not the main thread
         previous_handler = None
+    in_flight: dict = {}  # Ray: the round the coordinator actor is running (it goes on after a Ctrl-C)
+
+    def run_round(rnd: int) -> dict:
+        if cfg.engine.backend != "ray":
+            return call("run_round", rnd)
+        in_flight.update(round=rnd, ref=coord.run_round.remote(rnd), t0=time.perf_counter())
+        report = ray.get(in_flight["ref"])
+        in_flight.clear()
+        return report
+
+    def record_round(rnd: int, report: dict, t_round: float) -> None:
+        ledger = report.pop("ledger")
+        rd.write_ledger(rnd, ledger)
+        report["failures"] = sum(1 for r in ledger if r["failure"])
+        report["wall_seconds"] = time.perf_counter() - t_round  # driver view: round trip + ledger write
+        rd.append_metrics(report)
+        result.rounds.append(report)
+        if tb is not None:
+            tb.log(report)
+        if bar is not None:
+            post = {"acc": f"{report.get('accuracy', float('nan')):.3f}", "s": f"{report['seconds_total']:.2f}"}
+            bar.set_postfix(post)
+            bar.update(1)
+        elif progress:
+            acc = report.get("accuracy")
+            log(f"[fedray] round {rnd:4d}/{cfg.train.rounds}  "
+                f"acc {acc if acc is None else f'{acc:.4f}'}  loss {report['loss']:.4f}  "
+                f"{report['seconds_total']:.2f} s")
+
     t_rounds = time.perf_counter()
     rnd = start_round - 1
     try:
@@ -229,24 +258,8 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
                     marker.write_text("1")
                     os._exit(17)  # testing aid: a hard crash of the driver before round `rnd`
             t_round = time.perf_counter()
-            report = call("run_round", rnd)
-            ledger = report.pop("ledger")
-            rd.write_ledger(rnd, ledger)
-            report["failures"] = sum(1 for r in ledger if r["failure"])
-            report["wall_seconds"] = time.perf_counter() - t_round  # driver view: round trip + ledger write
-            rd.append_metrics(report)
-            result.rounds.append(report)
-            if tb is not None:
-                tb.log(report)
-            if bar is not None:
-                post = {"acc": f"{report.get('accuracy', float('nan')):.3f}", "s": f"{report['seconds_total']:.2f}"}
-                bar.set_postfix(post)
-                bar.update(1)
-            elif progress:
-                acc = report.get("accuracy")
-                log(f"[fedray] round {rnd:4d}/{cfg.train.rounds}  "
-                    f"acc {acc if acc is None else f'{acc:.4f}'}  loss {report['loss']:.4f}  "
-                    f"{report['seconds_total']:.2f} s")
+            report = run_round(rnd)
+            record_round(rnd, report, t_round)
             stop = bool(on_round(report)) if on_round is not None else False
             every = int(cfg.output.checkpoint_every)
             if every and (rnd % every == 0 or rnd == int(cfg.train.rounds) or stop):
@@ -260,6 +273,12 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
                 break
     except (KeyboardInterrupt, _Interrupted):
         result.interrupted = True
+        if in_flight:  # the actor finishes that round anyway: record it, so the checkpoint and rows agree
+            try:
+                log(f"[fedray] interrupted: finishing round {in_flight['round']} on the coordinator first")
+                record_round(in_flight["round"], ray.get(in_flight["ref"]), in_flight["t0"])
+            except Exception as e:  # noqa: BLE001 - a second Ctrl-C or a failed round: checkpoint what we have
+                log(f"[fedray] round {in_flight['round']} not recorded: {type(e).__name__}: {e}")
         done = result.rounds[-1]["round"] if result.rounds else 0
         if done > last_ckpt_round:
             try:
