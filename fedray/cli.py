@@ -46,11 +46,21 @@ def _cmd_partition(args) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.output_dir:
         cfg.data.cache_dir = args.output_dir
+    from fedray.data.stats import client_rows, format_client_rows
+    from fedray.reporting.rundir import atomic_write_text
+
     bundle, store = prepare_data(cfg)
     print(format_summary(partition_summary(store)))
+    rows = client_rows(store)
+    print()
+    print(format_client_rows(rows, None if args.clients < 0 else args.clients))
+    table = store.path / "clients.csv"
+    cols = list(rows[0]) if rows else ["client"]
+    atomic_write_text(table, "\n".join([",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]) + "\n")
     png = store.path / "label_distribution.png"
     plot_label_distribution(store, png)
     print(f"partition {store.hash}: {store.num_clients} clients -> {store.path}")
+    print(f"per-client table: {table}")
     print(f"label distribution plot: {png}")
     return 0
 
@@ -66,7 +76,8 @@ def _cmd_datasets(args) -> int:
         print(f"  {name:18s} {desc}")
     print("\npartitioners (data.partition.name):")
     for name, spec in sorted(PARTITIONERS.items()):
-        print(f"  {name:18s} {getattr(spec, 'description', '')}")
+        text = (getattr(spec, "description", None) or getattr(spec, "doc", None) or "").strip()
+        print(f"  {name:18s} {text.splitlines()[0] if text else ''}")
     print("\nmodels (model.name):")
     for name, desc in list_models():
         print(f"  {name:18s} {desc}")
@@ -74,7 +85,8 @@ def _cmd_datasets(args) -> int:
     for name, cls in sorted(ALGORITHMS.items()):
         print(f"  {name:18s} {cls.description}")
     print("\nserver optimizers (server.name):")
-    print("  " + ", ".join(SERVER_OPTIMIZERS))
+    for name, cls in SERVER_OPTIMIZERS.items():
+        print(f"  {name:18s} {cls.description}")
     return 0
 
 
@@ -153,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("config")
     pa.add_argument("overrides", nargs="*")
     pa.add_argument("--output-dir", help="partition cache directory (data.cache_dir)")
+    pa.add_argument("--clients", type=int, default=20, metavar="N",
+                    help="print the first N clients' statistics (-1: all; every client is in clients.csv)")
     pa.set_defaults(func=_cmd_partition)
 
     d = sub.add_parser("datasets", help="list data sources, partitioners, models and algorithms",

@@ -128,3 +128,22 @@ def test_cli_bench_lists_and_refuses_unknown(capsys):
     assert "workload" in capsys.readouterr().out
     assert main(["bench", "no-such"]) == 2
     assert "unknown benchmark 'no-such'" in capsys.readouterr().err
+
+
+def test_cli_partition_prints_per_client_statistics_and_datasets_lists_everything(tmp_path, partition_cache, capsys):
+    from fedray.cli import main
+
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("data: {source: mnist5k, partition: {name: classes_per_client, num_clients: 30, "
+                   "params: {classes: 2}}}\n")
+    assert main(["partition", str(cfg), "--output-dir", str(tmp_path / "parts"), "--clients", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "largest classes" in out and "... 25 more clients" in out
+    table = next((tmp_path / "parts").glob("*/clients.csv")).read_text().splitlines()
+    assert table[0].startswith("client,samples,classes,entropy") and len(table) == 31
+    assert all(int(line.split(",")[2]) <= 2 for line in table[1:])  # classes per client never exceed 2
+    assert main(["datasets"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("mnist5k", "balanced_dirichlet", "resnet18_gn", "fedrcl", "fedacg"):
+        line = next(l for l in listing.splitlines() if l.strip().startswith(name + " ") or l.strip() == name)
+        assert len(line.split()) > 1, f"{name} is listed without a description"

@@ -23,6 +23,7 @@ from fedray.config import ConfigError
 
 class ServerOptimizer:
     name = "none"
+    description = "plain average of the client models (FedAvg)"
     defaults: dict = {}
 
     def __init__(self, lr: float = 1.0, params: dict | None = None):
@@ -56,6 +57,7 @@ class ServerOptimizer:
 
 class FedAvgM(ServerOptimizer):
     name = "fedavgm"
+    description = "FedAvgM: server momentum on the pseudo-gradient (momentum 0.4)"
     defaults = {"momentum": 0.4}
 
     def step(self, w, avg):
@@ -68,6 +70,7 @@ class FedAvgM(ServerOptimizer):
 
 class FedAdam(ServerOptimizer):
     name = "fedadam"
+    description = "FedAdam: Adam on the pseudo-gradient (server lr 0.01, beta1 0.9, beta2 0.99, tau 1e-3)"
     defaults = {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
 
     def step(self, w, avg):
@@ -91,6 +94,7 @@ class FedACG(ServerOptimizer):
     ``Delta = avg - w_hat``, ``m' = lam * m + Delta`` and ``w' = w_hat + Delta`` (server lr 1)."""
 
     name = "fedacg"
+    description = "FedACG: look-ahead broadcast w + lam*m and a client proximal term (lam 0.85, beta 1e-3)"
     defaults = {"lam": 0.85, "beta": 1e-3}
 
     def broadcast_weights(self, w):

@@ -107,6 +107,38 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
+def client_rows(store_or_counts: Any) -> list[dict[str, Any]]:
+    """One row per client: id, samples, classes held, class entropy (nats), the three largest classes with
+    their counts and (for a store of domain data) the client's majority domain."""
+    counts, info = _counts_of(store_or_counts)
+    classes = info.get("classes") or [str(i) for i in range(counts.shape[1])]
+    ent = class_entropy(counts)
+    domains = getattr(store_or_counts, "domains", None) if info else None
+    rows = []
+    for cid, row in enumerate(counts):
+        top = [int(c) for c in np.argsort(-row, kind="stable")[:3] if row[c] > 0]
+        out = {"client": cid, "samples": int(row.sum()), "classes": int((row > 0).sum()),
+               "entropy": float(ent[cid]), "top_classes": " ".join(f"{classes[c]}:{int(row[c])}" for c in top)}
+        if domains is not None and int(domains[cid]) >= 0:
+            out["domain"] = int(domains[cid])
+        rows.append(out)
+    return rows
+
+
+def format_client_rows(rows: list[dict[str, Any]], limit: int | None = 20) -> str:
+    """The first ``limit`` rows of :func:`client_rows` as a text table (all rows with ``limit=None``)."""
+    shown = rows if limit is None else rows[:limit]
+    has_domain = any("domain" in r for r in rows)
+    head = f"{'client':>7} {'samples':>8} {'classes':>7} {'entropy':>7}  " + ("domain  " if has_domain else "") + "largest classes"
+    lines = [head]
+    for r in shown:
+        dom = f"{r.get('domain', '-')!s:>6}  " if has_domain else ""
+        lines.append(f"{r['client']:>7} {r['samples']:>8} {r['classes']:>7} {r['entropy']:>7.3f}  {dom}{r['top_classes']}")
+    if len(shown) < len(rows):
+        lines.append(f"... {len(rows) - len(shown):,} more clients")
+    return "\n".join(lines)
+
+
 def plot_label_distribution(store_or_counts: Any, path_png: str | Path, max_clients: int = 100) -> Path:
     """Plot clients x classes (like FedRCL's Figure C) to ``path_png`` and return the path.
 
