@@ -17,7 +17,10 @@ import hashlib
 import json
 import os
 import re
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI
+    import tomli as tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
