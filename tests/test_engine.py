@@ -107,8 +107,16 @@ def test_fractional_gpu_workers_schedule_on_fake_gpu(tmp_path, partition_cache, 
     cfg = small_config(tmp_path, partition_cache, train__rounds=1, train__clients_per_round=4,
                        engine__backend="ray", engine__num_workers=4, engine__worker_num_gpus=0.25,
                        engine__worker_num_cpus=0.5)
-    res = _run(cfg)
+    held = []  # the session has 1 fake GPU: 4 workers x 0.25 GPU hold all of it (and 2 of its 4 CPUs) while running
+    res = _run(cfg, on_round=lambda report: held.append(ray_session.available_resources()) and False)
     assert res.rounds[0]["num_clients"] == 4
+    assert held and held[0].get("GPU", 0.0) == 0.0 and held[0].get("CPU", 0.0) <= 2.0, held
+    import time
+
+    deadline = time.time() + 60  # the workers are killed at the end of the run; Ray frees their share soon after
+    while ray_session.available_resources().get("GPU", 0.0) < 1.0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray_session.available_resources().get("GPU", 0.0) == 1.0
     workers = {r["worker"] for r in RunDir(res.run_dir).read_ledger().to_pylist()}
     assert len(workers) >= 2
 
