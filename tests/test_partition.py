@@ -209,9 +209,15 @@ def test_domain_partitions(labels, domains):
     assert {len(p) for p in parts} == {150}  # smallest domain 300 rows / 2 clients
     for k, p in enumerate(parts):
         assert set(domains[p].tolist()) == {k // 2}
+    again = partition_indices("domain", labels, num_clients=8, seed=0, domains=domains, clients_per_domain=2)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))  # deterministic given the seed
+    other = partition_indices("domain", labels, num_clients=8, seed=1, domains=domains, clients_per_domain=2)
+    assert any(not np.array_equal(a, b) for a, b in zip(parts, other))
     imb = partition_indices(
         "domain", labels, num_clients=4, seed=0, domains=domains, balance="imbalanced", alpha=0.5
     )
+    assert all(np.array_equal(a, b) for a, b in zip(imb, partition_indices(
+        "domain", labels, num_clients=4, seed=0, domains=domains, balance="imbalanced", alpha=0.5)))
     _check_parts(imb, 4, M)
     sizes = np.array([len(p) for p in imb])
     assert len(set(sizes.tolist())) > 1 and sizes.min() >= 1
