@@ -54,9 +54,16 @@ def _cmd_partition(args) -> int:
     rows = client_rows(store)
     print()
     print(format_client_rows(rows, None if args.clients < 0 else args.clients))
+    import csv
+    import io
+
     table = store.path / "clients.csv"
-    cols = list(rows[0]) if rows else ["client"]
-    atomic_write_text(table, "\n".join([",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]) + "\n")
+    buf = io.StringIO()
+    cols = list(dict.fromkeys(k for r in rows for k in r)) or ["client"]  # "domain" only on clients that have one
+    writer = csv.DictWriter(buf, fieldnames=cols, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(table, buf.getvalue())
     png = store.path / "label_distribution.png"
     plot_label_distribution(store, png)
     print(f"partition {store.hash}: {store.num_clients} clients -> {store.path}")
