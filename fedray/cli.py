@@ -47,7 +47,7 @@ def _cmd_partition(args) -> int:
     if args.output_dir:
         cfg.data.cache_dir = args.output_dir
     from fedray.data.stats import client_rows, format_client_rows
-    from fedray.reporting.rundir import atomic_write_text
+    from fedray.core.io import atomic_write_text
 
     bundle, store = prepare_data(cfg)
     print(format_summary(partition_summary(store)))

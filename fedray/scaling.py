@@ -48,6 +48,9 @@ from typing import Any
 import numpy as np
 
 from fedray.config import ConfigError, apply_overrides, from_dict, read_config_file
+from fedray.core.io import atomic_writer
+from fedray.core.procinfo import proc_memory_mb
+from fedray.core.ray_env import ensure_ray
 
 AXES = ("population", "clients_per_round", "num_workers", "multi_client")
 _AXIS_DEFAULTS = {"population": None, "clients_per_round": None, "num_workers": 2, "multi_client": 1}
@@ -97,28 +100,6 @@ COLUMNS: dict[str, str] = {
     "accuracy": "test accuracy after the last round",
     "weights_hash": "hash of the final global weights",
 }
-
-
-# ------------------------------------------------------------------------------------------- memory
-def proc_memory_mb(pid: int) -> tuple[float, float]:
-    """(current RSS, peak RSS = VmHWM) of process ``pid`` in MB from /proc; NaNs when unreadable
-    (another node, a finished process, no /proc)."""
-    st = proc_status(pid)
-    return st.get("VmRSS", math.nan), st.get("VmHWM", math.nan)
-
-
-def proc_status(pid: int) -> dict[str, float]:
-    """The ``Vm*`` / ``Rss*`` lines of /proc/<pid>/status in MB (empty when unreadable)."""
-    out: dict[str, float] = {}
-    try:
-        with open(f"/proc/{int(pid)}/status") as f:
-            for line in f:
-                if line.startswith(("Vm", "Rss")) and line.rstrip().endswith("kB"):
-                    key, val = line.split(":", 1)
-                    out[key] = int(val.split()[0]) / 1024.0
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 class ObjectStoreProbe:
@@ -391,15 +372,9 @@ def _ensure_ray(spec: ScaleSpec, cfg) -> float | None:
         return None
     import ray
 
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init()
-        else:
-            kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-            if cfg.engine.object_store_memory:
-                kw["object_store_memory"] = int(cfg.engine.object_store_memory)
-            kw.update(spec.ray)
-            ray.init(address="local", **kw)  # a private instance, never a `ray start` cluster found on this host
+    # a private instance, never a `ray start` cluster found on this host
+    ensure_ray(cfg.engine.object_store_memory, private=True, log_to_driver=False, configure_logging=False,
+               **spec.ray)
     return float(ray.cluster_resources().get("CPU", 1.0))
 
 
@@ -639,12 +614,6 @@ def finished_points(spec: ScaleSpec) -> dict[tuple, dict]:
     return done
 
 
-def _write_atomic(write, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(str(tmp))
-    os.replace(tmp, path)
-
-
 def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[dict], list[Path]]:
     """Run every point of ``spec`` (in order), write the table, the plots and the resolved scale file
     into ``spec.output``; returns (rows, files written). With ``resume`` the points an earlier sweep into
@@ -678,8 +647,10 @@ def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[di
         rows.append(row)
         add_speedups(rows)
         table = to_table(rows)  # rewritten after every point: a crashed sweep keeps what it measured
-        _write_atomic(lambda p: pq.write_table(table, p), out / "scaling.parquet")
-    _write_atomic(lambda p: pacsv.write_csv(table, p), out / "scaling.csv")
+        with atomic_writer(out / "scaling.parquet") as f:
+            pq.write_table(table, f)
+    with atomic_writer(out / "scaling.csv") as f:
+        pacsv.write_csv(table, f)
     md = format_rows(rows)
     (out / "scaling.md").write_text(md + "\n")
     files = [out / "scaling.parquet", out / "scaling.csv", out / "scaling.md"]

@@ -6,7 +6,7 @@
     python -m jobs.tune --study tuning/studies/fedrcl_lbt.yaml            # local Ray on this machine
     python -m jobs.tune --study tuning/studies/fedrcl_lbt.yaml --resume   # after a crash / SIGKILL / Ctrl-C
 
-The driver connects with plain ``ray.init()`` (through ``fedray.engine.runner.ensure_ray``) when the base
+The driver connects with plain ``ray.init()`` (through ``fedray.core.ray_env.ensure_ray``) when the base
 config's ``engine.backend`` is ``ray``: under a job the supervisor's ``RAY_ADDRESS`` is used, on a laptop
 a local Ray starts; with ``engine.backend: local`` Ray is not used at all. Trials run concurrently on
 slices of the cluster (see ``tuning/runner.py``); the study directory (``<output-dir>/<study name>/``)

@@ -132,7 +132,7 @@ def test_adversarial_eval_hook_reports_clean_fgsm_pgd(tmp_path, partition_cache)
 # ------------------------------------------------------------------------------------ client-side units
 def _toy_ctx(labels, rnd=2, cid=0, seed=0, frozen=False):
     from fedray.data.table import DatasetMeta
-    from fedray.engine.weights import FlatParams
+    from fedray.core.weights import FlatParams
     from fedray.models import build_model
 
     rng = np.random.default_rng(seed)

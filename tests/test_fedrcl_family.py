@@ -24,7 +24,7 @@ from fedray.algorithms.server_opt import build_server_optimizer
 from fedray.config import ConfigError, TrainConfig, from_dict
 from fedray.engine.runner import run_experiment
 from fedray.engine.state import ClientStateStore
-from fedray.engine.weights import FlatParams
+from fedray.core.weights import FlatParams
 from fedray.reporting.rundir import RunDir
 from tests.conftest import ROOT, small_config
 

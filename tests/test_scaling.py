@@ -15,7 +15,7 @@ from fedray.data.loader import Augment
 from fedray.data.table import DatasetMeta
 from fedray.engine.multiclient import GroupMember, check_multi_client, groups_of, train_group
 from fedray.engine.runner import run_experiment
-from fedray.engine.weights import FlatParams
+from fedray.core.weights import FlatParams
 from fedray.models import model_for_meta
 from tests.conftest import small_config
 

@@ -89,7 +89,7 @@ def test_single_client_gradient_equals_unsplit_backprop(tmp_path, partition_cach
     """One client, one local iteration, SGD lr 1: the update of both halves is minus the gradient of the
     unsplit model's loss on the same minibatch (SCALA with prior: batch, i.e. P_k = P_s)."""
     from fedray.data.store import PartitionStore
-    from fedray.engine.weights import flatten
+    from fedray.core.weights import flatten
 
     params = {"batch_size": 16, "local_iters": 1, **({"prior": "batch"} if name == "scala" else {})}
     cfg = _cfg(tmp_path, partition_cache, name, params, model_params={"dropout": 0.0}, train__rounds=1,
@@ -127,7 +127,7 @@ def _server_fixture(name, sizes=(6, 10), seed=1, params=None):
     algo = build_algorithm(name, params or {}, cfg)
     model = _tiny_model(seed, dropout=0.0)
     lay = SplitLayout(model, "block2")
-    from fedray.engine.weights import flatten
+    from fedray.core.weights import flatten
 
     w = flatten(model)
     srv = SplitServer(model, lay, algo, cfg.train, seed=0, device="cpu")
@@ -139,7 +139,7 @@ def _server_fixture(name, sizes=(6, 10), seed=1, params=None):
 
 def _manual_step(model, lay, w, a, y, lr, loss_fn):
     """w' (full vector) after one plain SGD step of the server part (module parameters, not views)."""
-    from fedray.engine.weights import flatten, load_flat
+    from fedray.core.weights import flatten, load_flat
 
     load_flat(model, w)
     _, server = model.split("block2")
@@ -204,7 +204,7 @@ def test_scala_rows_and_server_step_match_a_loop_reference_with_skewed_client_pr
     (x sum B_j / B_k with grad_scale: client), and the server steps on CE(z + log P_s), P_s the concatenated
     batch's label frequencies (or the clients' summed counts with server_prior: clients)."""
     from fedray.algorithms.split import SplitBatch
-    from fedray.engine.weights import load_flat
+    from fedray.core.weights import load_flat
 
     algo, model, lay, w, srv, acts, labels = _server_fixture("scala", params=opts)
     counts = np.zeros((2, 10))

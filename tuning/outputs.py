@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from fedray.config import from_dict
-from fedray.reporting.rundir import atomic_write_bytes, atomic_write_text
+from fedray.core.io import atomic_write_bytes, atomic_write_text
 from tuning.study import StudySpec
 
 IMPORTANCE_SEED = 0

@@ -306,7 +306,7 @@ class StudyRunner:
             raise ConfigError(f"{p}: unreadable ({e}); fix or remove it") from None
 
     def _write_study_json(self, info: dict) -> None:
-        from fedray.reporting.rundir import atomic_write_text
+        from fedray.core.io import atomic_write_text
 
         atomic_write_text(self.study_dir / STUDY_JSON, json.dumps(info, indent=2, sort_keys=True) + "\n")
 
@@ -363,9 +363,9 @@ class StudyRunner:
         if e.backend == "ray":
             import ray
 
-            from fedray.engine.runner import ensure_ray
+            from fedray.core.ray_env import ensure_ray
 
-            ensure_ray(cfg0)
+            ensure_ray(cfg0.engine.object_store_memory)
             cr = ray.cluster_resources()
             cpus, gpus = float(cr.get("CPU", 0.0)), float(cr.get("GPU", 0.0))
         else:

@@ -43,7 +43,7 @@ class ClientContext:
     rnd: int
     seed: int
     model: torch.nn.Module  # holds the broadcast weights on entry
-    flat: Any  # fedray.engine.weights.FlatParams bound to ``model``
+    flat: Any  # fedray.core.weights.FlatParams bound to ``model``
     global_weights: np.ndarray  # the broadcast weights (read-only view)
     images: np.ndarray  # this client's images (zero-copy from its shard)
     labels: np.ndarray

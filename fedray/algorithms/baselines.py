@@ -19,7 +19,7 @@ from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local
 from fedray.algorithms.fedavg import FedAvg
 from fedray.algorithms.fedrcl import level_taps, normalize_levels
 from fedray.config import ConfigError
-from fedray.engine.weights import load_flat
+from fedray.core.weights import load_flat
 from fedray.losses import (
     decorrelation_loss,
     fedntd_loss,

@@ -29,7 +29,6 @@ import json
 import os
 import pickle
 import struct
-import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedray.core.io import atomic_writer
 
 from .table import DataError
 
@@ -132,16 +133,8 @@ def cached_arrays(
             pass
     arrays = build()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{safe}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_writer(path) as f:
+            np.savez(f, **arrays)
     except OSError:
         pass
     return arrays

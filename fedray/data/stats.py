@@ -6,12 +6,12 @@ per-client class counts (as returned by :func:`fedray.data.partition.label_stats
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedray.core.io import atomic_writer
 
 from .table import DataError
 
@@ -190,16 +190,6 @@ def plot_label_distribution(store_or_counts: Any, path_png: str | Path, max_clie
         title += f" - first {k} of {n} clients"
     ax.set_title(title, fontsize="medium")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_writer(path, suffix=".tmp.png") as fh:
+        fig.savefig(fh, format="png")
     return path

@@ -51,7 +51,7 @@ class Coordinator:
         from fedray.algorithms import build_algorithm, build_server_optimizer
         from fedray.config import from_dict
         from fedray.data.store import PartitionStore
-        from fedray.engine.weights import FlatParams
+        from fedray.core.weights import FlatParams
         from fedray.models import model_for_meta
 
         cfg = from_dict(cfg_dict, validate=False)
@@ -90,7 +90,7 @@ class Coordinator:
         return self.weights
 
     def weights_hash(self) -> str:
-        from fedray.engine.weights import weights_hash
+        from fedray.core.weights import weights_hash
 
         return weights_hash(self.layout, self.weights)
 
@@ -117,7 +117,7 @@ class Coordinator:
         """Resident memory (MB) of this process now, at peak (VmHWM) and its private part (RssAnon; the rest
         is mostly object-store pages it read), and of the client workers (sum of current RSS, largest
         peak), each read from /proc by the process itself. In every round report as ``memory``."""
-        from fedray.scaling import proc_status
+        from fedray.core.procinfo import proc_status
 
         st = proc_status(os.getpid())
         if self.pool.kind == "ray":

@@ -238,7 +238,7 @@ def train_group(model: nn.Module, layout, global_weights: np.ndarray, members: l
                 prox_mu: float = 0.0) -> list[MemberResult]:
     """Train ``members`` (one round, all from ``global_weights``) at once; one result per member, in order.
 
-    ``model`` is any module with the flat ``layout`` (:class:`fedray.engine.weights.WeightLayout`); its own
+    ``model`` is any module with the flat ``layout`` (:class:`fedray.core.weights.WeightLayout`); its own
     tensors are not modified. ``prox_mu`` adds ``prox_mu/2 ||w - w_global||^2`` to every client's loss
     (FedProx's mu, FedACG's client term). See the module docstring for the schedule and the equivalence
     with :func:`fedray.algorithms.base.local_sgd`.

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fedray.config import ConfigError, ExperimentConfig, config_hash, dump_config, from_dict, load_config
+from fedray.core.ray_env import ensure_ray
 from fedray.reporting.rundir import RunDir, TensorBoardLogger
 
 
@@ -48,20 +49,6 @@ class _Interrupted(Exception):
 
 def default_run_name(cfg: ExperimentConfig) -> str:
     return cfg.output.name or f"{cfg.algorithm.name}-{config_hash(cfg)}"
-
-
-def ensure_ray(cfg: ExperimentConfig) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init()  # under `ray job submit` or a configured cluster: connect, size nothing
-        return
-    kwargs = dict(include_dashboard=False, log_to_driver=True)
-    if cfg.engine.object_store_memory:
-        kwargs["object_store_memory"] = int(cfg.engine.object_store_memory)
-    ray.init(**kwargs)
 
 
 def prepare_data(cfg: ExperimentConfig):
@@ -124,7 +111,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
     rd.create()
     if resume is None:
-        from fedray.reporting.rundir import atomic_write_text
+        from fedray.core.io import atomic_write_text
 
         atomic_write_text(rd.path / "config.yaml", dump_config(cfg))
     rd.write_json("run.json", {
@@ -147,7 +134,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         from fedray.engine.coordinator import Coordinator, worker_spec
         from fedray.engine.pool import RayPool, default_num_workers
 
-        ensure_ray(cfg)
+        ensure_ray(cfg.engine.object_store_memory)
         n_workers, wcpu, wgpu = default_num_workers(cfg, k)
         # the client workers start (import torch, open the partition) while the coordinator actor does
         workers = RayPool.start(worker_spec(cfg_dict, str(store.path), state_path, str(rd.path), wgpu),
@@ -302,7 +289,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
 
         ray.kill(coord)
     if not result.interrupted:
-        from fedray.reporting.rundir import atomic_write_bytes
+        from fedray.core.io import atomic_write_bytes
         import io
 
         buf = io.BytesIO()

@@ -177,12 +177,12 @@ class SplitLayout:
 
     Entries are split by side (the split part holding the tensor) and kind: *train* (parameters with
     ``requires_grad``) and *fixed* (floating-point buffers and frozen parameters). ``client_train`` etc.
-    are index arrays into the full vector (:mod:`fedray.engine.weights` order). A client's vector on the
+    are index arrays into the full vector (:mod:`fedray.core.weights` order). A client's vector on the
     wire is ``[client train | auxiliary head | client fixed]``.
     """
 
     def __init__(self, model, point: str):
-        from fedray.engine.weights import layout_of
+        from fedray.core.weights import layout_of
 
         self.point = point
         client, server = model.split(point)

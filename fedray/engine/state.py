@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedray.core.io import atomic_writer
+
 _VERSION = re.compile(r"^r(\d+)\.npz$")
 
 
@@ -55,11 +57,9 @@ class ClientStateStore:
     def save(self, cid: int, rnd: int, state: dict) -> None:
         d = self._dir(cid)
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".r{rnd}.{os.getpid()}.tmp.npz"
         arrays = {k: np.asarray(v) for k, v in state.items()}
-        with open(tmp, "wb") as f:
+        with atomic_writer(d / f"r{rnd}.npz", suffix=".tmp.npz") as f:
             np.savez(f, **arrays)
-        os.replace(tmp, d / f"r{rnd}.npz")
 
     def prune(self, keep_from_round: int, drop_after_round: int | None = None) -> None:
         """Delete versions no read at round >= ``keep_from_round`` can need, and (on resume) versions

@@ -55,7 +55,7 @@ class ClientWorker(SplitClientMixin):  # split-program methods: fedray.engine.sp
         from fedray.data.loader import Augment
         from fedray.data.store import PartitionStore
         from fedray.engine.state import ClientStateStore
-        from fedray.engine.weights import FlatParams
+        from fedray.core.weights import FlatParams
         from fedray.models import model_for_meta
 
         self.name = name
@@ -88,7 +88,7 @@ class ClientWorker(SplitClientMixin):  # split-program methods: fedray.engine.sp
 
     def memory(self) -> dict:
         """This process's resident memory now and at peak (VmHWM), in MB (NaN where /proc is missing)."""
-        from fedray.scaling import proc_memory_mb
+        from fedray.core.procinfo import proc_memory_mb
 
         rss, peak = proc_memory_mb(os.getpid())
         return {"rss_mb": rss, "peak_mb": peak}

@@ -6,7 +6,8 @@ import io
 import math
 from pathlib import Path
 
-from fedray.reporting.rundir import RunDir, atomic_write_bytes, atomic_write_text
+from fedray.core.io import atomic_write_bytes, atomic_write_text
+from fedray.reporting.rundir import RunDir
 
 
 def _label(rd: RunDir) -> str:

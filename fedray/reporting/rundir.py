@@ -23,32 +23,11 @@ import json
 import math
 import os
 import pickle
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+from fedray.core.io import atomic_write_bytes, atomic_write_text, atomic_writer
 
 
 def _jsonable(x):
@@ -128,9 +107,8 @@ class RunDir:
         ])
         table = pa.Table.from_pylist(rows, schema=schema)
         path = self.path / "ledger" / f"round-{rnd:06d}.parquet"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        with atomic_writer(path) as f:
+            pq.write_table(table, f)
 
     def read_ledger(self):
         import pyarrow.parquet as pq

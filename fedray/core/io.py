@@ -1,0 +1,48 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+Every file fedray writes into a run directory, a partition cache or a sweep table goes through
+:func:`atomic_writer`: the content is written to a temporary file in the same directory, flushed and
+fsynced, then renamed over the target (``os.replace``); on any error the temporary file is removed and
+the target is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+__all__ = ["atomic_writer", "atomic_write_bytes", "atomic_write_text"]
+
+
+@contextmanager
+def atomic_writer(path: str | Path, suffix: str = ".tmp") -> Iterator[BinaryIO]:
+    """``with atomic_writer(p) as f: f.write(...)``: ``p`` is replaced when the block ends without error.
+
+    ``suffix`` ends the temporary file's name (some writers pick a format from it, e.g. ``.tmp.npz``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_writer(path) as f:
+        f.write(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
