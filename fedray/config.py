@@ -139,7 +139,7 @@ class EngineConfig:
     round_deadline_s: float | None = None  # straggler handling: aggregate what finished by the deadline
     object_store_memory: int | None = None  # bytes, only when fedray starts a local Ray
     fault_injection: dict[str, Any] = field(default_factory=dict)  # testing aid, see engine.faults
-    # clients trained at once per worker with stacked parameters (fedray.engine.multiclient); 1 = one at a time.
+    # clients trained at once per worker with stacked parameters (fedray.engine.client.grouped); 1 = one at a time.
     # Changes float results (within tolerance), so it is hashed.
     multi_client: int = 1
 

@@ -287,9 +287,8 @@ def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
     when the drop is the round's last event (a fake pool returns the doomed task last, every time)."""
     import types
 
-    from fedray.engine.coordinator import Coordinator
-    from fedray.engine.pool import WorkerLost
-    from fedray.engine.worker import ClientOutcome
+    from fedray.engine.outcomes import ClientOutcome, WorkerLost
+    from fedray.engine.programs.federated import FederatedProgram
 
     bad = 3
 
@@ -299,7 +298,7 @@ def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
         def __init__(self):
             self.n = 0
 
-        def submit(self, widx, rnd, w, p, items):
+        def submit(self, widx, method, rnd, w, p, items, hints):
             self.n += 1
             return (self.n, widx, tuple(items))
 
@@ -319,12 +318,11 @@ def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
         def cancel(self, handles):
             pass
 
-    c = Coordinator.__new__(Coordinator)
     eng = types.SimpleNamespace(over_selection=0, round_deadline_s=None, reorder_window=None, max_client_retries=1,
                                 max_worker_restarts=10, chunk_size=1, multi_client=1)
-    c.cfg = types.SimpleNamespace(engine=eng, train=types.SimpleNamespace(clients_per_round=6))
-    c.pool, c.sizes, c.layout = Pool(), np.ones(10, np.int64), types.SimpleNamespace(size=2)
-    c.algorithm = types.SimpleNamespace(client_weight=lambda n: float(n))
-    out = c._dispatch_and_fold(1, [0, 1, 2, 3, 4, 5], None, None)
+    cfg = types.SimpleNamespace(engine=eng, train=types.SimpleNamespace(clients_per_round=6))
+    prog = FederatedProgram(cfg=cfg, algorithm=types.SimpleNamespace(client_weight=lambda n: float(n)),
+                            server_opt=None, pool=Pool(), sizes=np.ones(10, np.int64), num_params=2)
+    out = prog.train(1, [0, 1, 2, 3, 4, 5], None, None, None)
     assert out["dropped"] == [bad] and out["num_clients"] == 5 and out["worker_restarts"] == 2
     np.testing.assert_allclose(out["avg"], np.full(2, np.mean([0, 1, 2, 4, 5])), rtol=1e-6)

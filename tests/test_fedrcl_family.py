@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fedray.algorithms import ALGORITHMS, ClientContext, build_algorithm
-from fedray.algorithms.base import broadcast_proximal_term, local_sgd
+from fedray.algorithms.base import ClientHints, broadcast_proximal_term, local_sgd
 from fedray.algorithms.server_opt import build_server_optimizer
 from fedray.config import ConfigError, TrainConfig, from_dict
 from fedray.engine.runner import run_experiment
@@ -312,7 +312,7 @@ def test_server_lr_defaults_per_optimizer():
 def test_fedacg_matches_numpy_reference():
     w, avgs = _sequence(seed=2)
     opt = build_server_optimizer("fedacg", 1.0, {"lam": 0.85, "beta": 1e-3})
-    assert opt.client_extras() == {"prox_mu": 1e-3}
+    assert opt.client_hints() == ClientHints(prox_mu=1e-3)
     ws, got = [], []
     for a in avgs:
         ws.append(w.astype(np.float64))

@@ -13,7 +13,7 @@ from fedray.algorithms.base import ClientContext
 from fedray.config import ConfigError, TrainConfig, config_hash, from_dict
 from fedray.data.loader import Augment
 from fedray.data.table import DatasetMeta
-from fedray.engine.multiclient import GroupMember, check_multi_client, groups_of, train_group
+from fedray.engine.client.grouped import GroupMember, check_multi_client, groups_of, train_group
 from fedray.engine.runner import run_experiment
 from fedray.core.weights import FlatParams
 from fedray.models import model_for_meta
@@ -47,7 +47,7 @@ def _sequential(model_name, meta, opts, members, train, algo, gw, augment):
         flat.load(gw)
         ctx = ClientContext(cid=m.cid, rnd=2, seed=0, model=model, flat=flat, global_weights=gw, images=m.images,
                             labels=m.labels, meta=meta, train=train, device=torch.device("cpu"), normalize=True,
-                            augment=augment)
+                            augment=augment, prox_mu=algo.client_hints().prox_mu)  # as the worker sets it
         u = algo.local_update(ctx, {})
         out.append((u.weights, u.loss))
     return out
@@ -81,7 +81,7 @@ def test_multi_client_matches_sequential_on_random_models(model_name, meta, opts
     aug = Augment.from_spec(augment) if augment else None
     ref = _sequential(model_name, meta, opts, members, train, algo, gw, aug)
     got = train_group(model, flat.layout, gw, members, rnd=2, seed=0, train=train, meta=meta, normalize=True,
-                      augment=aug, prox_mu=algo.multi_client_prox_mu({}))
+                      augment=aug, prox_mu=algo.client_hints().prox_mu)
     assert np.array_equal(flat.read(), gw)  # the worker's own model is untouched
     moved = 0
     for (w_ref, loss_ref), r, m in zip(ref, got, members):

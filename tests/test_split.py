@@ -159,7 +159,7 @@ def test_scala_has_one_server_model_and_splitfed_v1_averages_copies():
         algo, model, lay, w, srv, acts, labels = _server_fixture(name)
         weights = [6.0, 10.0]
         st, sf = lay.server_vectors(w)
-        srv.begin_round(1, st, sf, 0.1, None, weights if algo.server_copies else None)
+        srv.begin_round(1, st, sf, 0.1, None, weights if algo.shape.server_copies else None)
         srv.begin_iteration(0)
         batch = SplitBatch([0, 1], [3, 4], acts, labels, np.ones((2, 10)), 10)
         res = algo.server_iteration(srv, batch)

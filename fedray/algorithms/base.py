@@ -12,16 +12,17 @@ Federated round program (``program = "federated"``)::
         upd = algo.local_update(ctx, payload)                     # ctx.model holds the broadcast weights
     avg = sum_k a_k * upd_k.weights  (a_k = algo.client_weight(n_k) / sum, folded in sampled order)
     new = server_opt.step(weights, avg)                          # FedAvgM, FedAdam, FedACG or identity
-    new, state = algo.after_aggregate(rnd, new, [upd_k.extras], state)   # e.g. FedDyn, FedCCL clustering
+    new, state = algo.after_aggregate(rnd, new, [upd_k.extras], state, broadcast=server_weights)
 
-The split program (SCALA and SplitFed) declares ``program = "split"`` and uses the hooks in
-``fedray.algorithms.split`` when it lands; the coordinator dispatches on ``program``.
+What the engine reads of an algorithm besides these hooks is typed: ``client_hints()`` (a
+:class:`ClientHints`, merged with the server optimizer's) and ``round_metrics()`` (extra report fields).
+The split program (SCALA and SplitFed) declares ``program = "split"`` and the hooks of
+:mod:`fedray.algorithms.split`; the coordinator picks the round program once, from ``program``.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,9 +31,23 @@ import torch
 import torch.nn.functional as F
 
 from fedray.config import ConfigError
+from fedray.core.seeds import PURPOSES
+from fedray.losses import proximal_term
 
-# Purposes of random draws: part of every generator key, so adding a draw never shifts another.
-PURPOSES = {"order": 0, "augment": 1, "dropout": 2, "algorithm": 3, "eval": 4, "sample": 5}
+
+@dataclass(frozen=True)
+class ClientHints:
+    """What the server side tells every client's local training besides the payload, typed.
+
+    ``prox_mu``: weight of the proximal term ``prox_mu/2 ||theta - theta_broadcast||^2`` that
+    :func:`local_sgd` (and multi-client training) adds to the local loss; the anchor is the broadcast
+    weights. FedProx sets it from its ``mu``, FedACG's server optimizer from its ``beta``; hints of the
+    algorithm and of the server optimizer add up (:meth:`merge`)."""
+
+    prox_mu: float = 0.0
+
+    def merge(self, other: "ClientHints") -> "ClientHints":
+        return ClientHints(prox_mu=float(self.prox_mu) + float(other.prox_mu))
 
 
 @dataclass
@@ -55,7 +70,7 @@ class ClientContext:
     state: dict | None = None  # this client's persisted state (stateful algorithms), None at first visit
     num_classes: int = 0
     model_factory: Callable[[], torch.nn.Module] | None = None  # builds another replica (e.g. MOON's global copy)
-    # client-side proximal weight set by the worker from ``payload["prox_mu"]`` (FedACG's beta): local_sgd adds
+    # ClientHints.prox_mu of the round (FedProx's mu, FedACG's beta): local_sgd adds
     # prox_mu/2 * ||theta - theta_broadcast||^2 to every algorithm's loss (0 = off)
     prox_mu: float = 0.0
 
@@ -86,7 +101,6 @@ class ClientUpdate:
     weights: np.ndarray
     num_samples: int
     loss: float
-    metrics: dict = field(default_factory=dict)
     extras: dict = field(default_factory=dict)  # small per-client payloads for after_aggregate
     state: dict | None = None  # new client state to persist (stateful algorithms)
 
@@ -99,7 +113,7 @@ class Algorithm:
     stateful_clients: bool = False
     defaults: dict[str, Any] = {}
     description: str = ""
-    # Multi-client execution (``engine.multi_client > 1``, fedray.engine.multiclient) trains several clients at
+    # Multi-client execution (``engine.multi_client > 1``, fedray.engine.client.grouped) trains several clients at
     # once with stacked parameters, for local losses CE(model(x), y) + mu/2 ||w - w_broadcast||^2 only. A class
     # opts in by setting this *itself*: it is not inherited, since subclasses usually change the loss.
     supports_multi_client: bool = False
@@ -144,9 +158,22 @@ class Algorithm:
         """Unnormalised aggregation weight of a client (FedAvg: its sample count)."""
         return float(num_samples)
 
-    def after_aggregate(self, rnd: int, weights: np.ndarray, extras: list[dict], state: dict) -> tuple[np.ndarray, dict]:
-        """Server-side work after averaging (FedDyn correction, FedCCL global clustering, ...)."""
+    def after_aggregate(self, rnd: int, weights: np.ndarray, extras: list[dict], state: dict, *,
+                        broadcast: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+        """Server-side work after averaging (FedDyn correction, FedCCL global clustering, ...).
+
+        ``weights``: the server optimizer's output; ``extras``: the clients' extras in sampled order;
+        ``broadcast``: the weights the round's clients started from (None in unit tests that do not need it)."""
         return weights, state
+
+    def client_hints(self) -> ClientHints:
+        """Hints for every client's local training (FedProx: its proximal weight)."""
+        return ClientHints()
+
+    def round_metrics(self, rnd: int, state: dict, num_sampled: int) -> dict:
+        """Extra fields of the round report, read after ``after_aggregate``; a ``"bytes"`` mapping is merged
+        into the report's byte counts (e.g. FedCCL's signal bytes)."""
+        return {}
 
     # ----------------------------------------------------------------- client side
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
@@ -157,20 +184,22 @@ class Algorithm:
         """Return ``loss(model, x, y) -> scalar tensor`` for :func:`local_sgd`."""
         return cross_entropy_loss
 
-    def multi_client_prox_mu(self, payload: dict) -> float:
-        """Proximal coefficient mu of the local loss under multi-client execution (FedProx: its ``mu``)."""
-        return 0.0
 
 
 def cross_entropy_loss(model, x, y):
     return F.cross_entropy(model(x), y)
 
 
+def make_torch_optimizer(train, params, lr: float) -> torch.optim.Optimizer:
+    """``train.optimizer`` (sgd with momentum / weight decay, or adam) over ``params`` at ``lr``."""
+    if train.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=train.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
+
+
 def make_optimizer(ctx: ClientContext, params) -> torch.optim.Optimizer:
-    t = ctx.train
-    if t.optimizer == "adam":
-        return torch.optim.Adam(params, lr=ctx.lr(), weight_decay=t.weight_decay)
-    return torch.optim.SGD(params, lr=ctx.lr(), momentum=t.momentum, weight_decay=t.weight_decay)
+    """The client's optimizer of this round (learning rate decayed per round)."""
+    return make_torch_optimizer(ctx.train, params, ctx.lr())
 
 
 def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | None = None) -> float:
@@ -189,39 +218,47 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
     opt = make_optimizer(ctx, params)
     prox = broadcast_proximal_term(ctx, params)
     t = ctx.train
-    n = ctx.num_samples
-    bs = int(t.batch_size)
-    order = ctx.rng("order")
     gen = ctx.torch_generator("augment") if ctx.augment is not None else None
     total, seen = 0.0, 0
     images = ctx.images
     labels = ctx.labels
+    for idx in batch_schedule(ctx):
+        xb = to_float(torch.from_numpy(images[idx]), ctx.meta, ctx.normalize)
+        yb = torch.from_numpy(labels[idx])
+        if ctx.augment is not None:
+            xb = ctx.augment(xb, gen)
+        if ctx.device.type != "cpu":
+            xb = xb.to(ctx.device, non_blocking=True)
+            yb = yb.to(ctx.device, non_blocking=True)
+        opt.zero_grad()
+        loss = loss_fn(model, xb, yb)
+        if prox is not None:
+            loss = loss + prox()
+        loss.backward()
+        if t.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, float(t.grad_clip))
+        opt.step()
+        if after_step is not None:
+            after_step()
+        b = int(yb.shape[0])
+        total += float(loss.detach()) * b
+        seen += b
+    return total / seen if seen else math.nan
+
+
+def batch_schedule(ctx: ClientContext):
+    """The row indices of every local step of :func:`local_sgd`, in order: epoch ``e`` is the e-th
+    permutation drawn from ``ctx.rng("order")``, cut into batches of ``train.batch_size`` (the last one
+    smaller unless ``drop_last``). Multi-client training uses the same schedule."""
+    t = ctx.train
+    n = ctx.num_samples
+    bs = int(t.batch_size)
+    order = ctx.rng("order")
     for _epoch in range(int(t.local_epochs)):
         perm = order.permutation(n)
         stop = (n // bs) * bs if t.drop_last else n
         for i in range(0, stop, bs):
-            idx = perm[i : i + bs]
-            xb = to_float(torch.from_numpy(images[idx]), ctx.meta, ctx.normalize)
-            yb = torch.from_numpy(labels[idx])
-            if ctx.augment is not None:
-                xb = ctx.augment(xb, gen)
-            if ctx.device.type != "cpu":
-                xb = xb.to(ctx.device, non_blocking=True)
-                yb = yb.to(ctx.device, non_blocking=True)
-            opt.zero_grad()
-            loss = loss_fn(model, xb, yb)
-            if prox is not None:
-                loss = loss + prox()
-            loss.backward()
-            if t.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, float(t.grad_clip))
-            opt.step()
-            if after_step is not None:
-                after_step()
-            b = int(yb.shape[0])
-            total += float(loss.detach()) * b
-            seen += b
-    return total / seen if seen else math.nan
+            yield perm[i : i + bs]
 
 
 def param_anchors(ctx: ClientContext, vec: np.ndarray, params=None) -> list[torch.Tensor]:
@@ -247,9 +284,10 @@ def param_anchors(ctx: ClientContext, vec: np.ndarray, params=None) -> list[torc
 
 
 def broadcast_proximal_term(ctx: ClientContext, params) -> Callable[[], torch.Tensor] | None:
-    """FedACG's client-side term, generic for every algorithm that trains with :func:`local_sgd`:
-    ``prox_mu/2 * sum_k ||theta_k - theta_broadcast,k||^2`` over the trainable parameters (the anchor
-    is ``ctx.global_weights``, the weights the client received). None when ``ctx.prox_mu`` is 0."""
+    """The client proximal term of :class:`ClientHints` (FedProx's mu, FedACG's beta), for every algorithm
+    that trains with :func:`local_sgd`: ``prox_mu/2 * sum_k ||theta_k - theta_broadcast,k||^2``
+    (:func:`fedray.losses.proximal_term`) over the trainable parameters (the anchor is
+    ``ctx.global_weights``, the weights the client received). None when ``ctx.prox_mu`` is 0."""
     mu = float(ctx.prox_mu or 0.0)
     if mu == 0.0:
         return None
@@ -257,12 +295,7 @@ def broadcast_proximal_term(ctx: ClientContext, params) -> Callable[[], torch.Te
         raise ValueError(f"prox_mu must be a finite number >= 0, got {ctx.prox_mu!r}")
     params = list(params)
     anchors = param_anchors(ctx, ctx.global_weights, params)
-
-    def term() -> torch.Tensor:
-        sq = torch.stack([(p - a).pow(2).sum() for p, a in zip(params, anchors)]).sum()
-        return 0.5 * mu * sq
-
-    return term
+    return lambda: proximal_term(params, anchors, mu)
 
 
 # ------------------------------------------------------------------------------- registry
@@ -284,11 +317,3 @@ def build_algorithm(name: str, params: dict | None, cfg=None) -> Algorithm:
     if name not in ALGORITHMS:
         raise ConfigError(f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(sorted(ALGORITHMS))})")
     return ALGORITHMS[name](params, cfg)
-
-
-class Timer:
-    def __init__(self):
-        self.t0 = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self.t0

@@ -342,7 +342,7 @@ class FedProc(FedAvg):
             return {}
         return {"prototypes": state["prototypes"], "proto_classes": state["proto_classes"], "proc_alpha": self._alpha(rnd)}
 
-    def after_aggregate(self, rnd, weights, extras, state):
+    def after_aggregate(self, rnd, weights, extras, state, *, broadcast=None):
         by_class: dict[int, list[np.ndarray]] = {}
         for e in extras:
             for c, p in zip(np.asarray(e["proto_classes"]).tolist(), np.asarray(e["protos"])):
@@ -427,15 +427,10 @@ class FedDyn(Algorithm):
     def init_state(self, weights: np.ndarray) -> dict:
         return {"h": np.zeros_like(weights, dtype=np.float32)}
 
-    def broadcast(self, rnd: int, weights: np.ndarray, state: dict) -> dict:
-        # θ_g of this round for after_aggregate (same process; a resumed round calls broadcast again)
-        self._theta_g = np.array(weights, dtype=np.float32, copy=True)
-        return {}
-
-    def after_aggregate(self, rnd, weights, extras, state):
-        theta_g = getattr(self, "_theta_g", None)
+    def after_aggregate(self, rnd, weights, extras, state, *, broadcast=None):
+        theta_g = None if broadcast is None else np.asarray(broadcast, dtype=np.float32)
         if theta_g is None or theta_g.shape != weights.shape:
-            raise RuntimeError("feddyn: after_aggregate without a broadcast in this round")
+            raise RuntimeError("feddyn: after_aggregate needs this round's broadcast weights")
         if self.cfg is None:
             raise RuntimeError("feddyn needs the experiment config (data.partition.num_clients)")
         alpha = np.float32(self.params["alpha"])

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, register
+from fedray.algorithms.base import Algorithm, ClientHints, register
+from fedray.config import ConfigError
 
 
 @register
@@ -17,7 +14,7 @@ class FedAvg(Algorithm):
     client the same weight (FedRCL's setting with equal-sized clients)."""
 
     name = "fedavg"
-    supports_multi_client = True  # local loss: cross-entropy only (fedray.engine.multiclient)
+    supports_multi_client = True  # local loss: cross-entropy only (fedray.engine.client.grouped)
     defaults = {"weighting": "samples"}
     description = "Federated averaging (cross-entropy, sample-weighted mean)"
 
@@ -31,10 +28,13 @@ class FedAvg(Algorithm):
 
 @register
 class FedProx(FedAvg):
-    """Li et al. 2020: local loss CE + mu/2 * ||theta - theta_global||^2 (METHODS.md: mu = 1e-3)."""
+    """Li et al. 2020: local loss CE + mu/2 * ||theta - theta_global||^2 (METHODS.md: mu = 1e-3).
+
+    The proximal term is the engine's shared one (:func:`fedray.algorithms.base.broadcast_proximal_term`,
+    set through :meth:`client_hints`), so it composes with FedACG's client term (the weights add up)."""
 
     name = "fedprox"
-    supports_multi_client = True  # cross-entropy + proximal term (fedray.engine.multiclient)
+    supports_multi_client = True  # cross-entropy + proximal term (fedray.engine.client.grouped)
     defaults = {"mu": 1e-3, "weighting": "samples"}
     description = "FedAvg with a proximal term mu/2 ||w - w_global||^2"
 
@@ -42,37 +42,10 @@ class FedProx(FedAvg):
         super().validate()
         self._require_nonneg("mu")
 
-    def multi_client_prox_mu(self, payload: dict) -> float:
-        return float(self.params["mu"])
-
-    def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
-        mu = float(self.params["mu"])
-        g = torch.from_numpy(np.asarray(ctx.global_weights)).to(ctx.device)
-        flat = ctx.flat.view()
-        # the proximal gradient mu * (w - w_g) is added after backward, on the flat buffer's params
-        params = [p for p in ctx.model.parameters() if p.requires_grad]
-        offsets = _param_offsets(ctx)
-
-        def loss_fn(model, x, y):
-            ce = F.cross_entropy(model(x), y)
-            prox = 0.0
-            for p, (off, n) in zip(params, offsets):
-                prox = prox + torch.sum((p - g[off : off + n].view_as(p)) ** 2)
-            return ce + 0.5 * mu * prox
-
-        del flat
-        loss = local_sgd(ctx, loss_fn)
-        return ClientUpdate(weights=ctx.flat.read(), num_samples=ctx.num_samples, loss=loss)
-
-
-def _param_offsets(ctx: ClientContext):
-    """(offset, numel) of every trainable parameter inside the flat vector."""
-    layout = ctx.flat.layout
-    by_name = {name: (off, n) for name, _, off, n in layout.slices()}
-    return [by_name[name] for name, p in ctx.model.named_parameters() if p.requires_grad]
+    def client_hints(self) -> ClientHints:
+        # the proximal term of local_sgd (and of multi-client training), anchored at the broadcast weights
+        return ClientHints(prox_mu=float(self.params["mu"]))
 
 
 def raise_cfg(field, value, expected):
-    from fedray.config import ConfigError
-
     raise ConfigError(f"algorithm.params.{field}: expected {expected}, got {value!r}")

@@ -227,7 +227,7 @@ class FedCCL(SignalAccounting, Algorithm):
             out["global_classes"] = state["global"]["classes"]
         return out
 
-    def after_aggregate(self, rnd, weights, extras, state):
+    def after_aggregate(self, rnd, weights, extras, state, *, broadcast=None):
         per_client = self.payload_nbytes(state)  # what this round's clients received
         clients = dict(state["clients"])
         upload = 0
@@ -297,8 +297,7 @@ class FedCCL(SignalAccounting, Algorithm):
         feats, labels = embed_client(ctx, tap)
         signals, signal_labels = clustered_means(feats, labels, self.params["local_mode"])
         return ClientUpdate(weights=ctx.flat.read(), num_samples=ctx.num_samples, loss=loss,
-                            extras={"signals": signals, "signal_labels": signal_labels},
-                            metrics={"num_signals": int(signals.shape[0])})
+                            extras={"signals": signals, "signal_labels": signal_labels})
 
 
 @register

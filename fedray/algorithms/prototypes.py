@@ -264,7 +264,7 @@ class _RoundPrototypes(SignalAccounting, Algorithm):
     def broadcast(self, rnd, weights, state):
         return dict(state["global"]) if state.get("global") else {}
 
-    def after_aggregate(self, rnd, weights, extras, state):
+    def after_aggregate(self, rnd, weights, extras, state, *, broadcast=None):
         per_client = self.payload_nbytes(state)
         _check_extras(extras, "protos")
         ex = [e for e in sorted_extras(extras) if e["protos"].shape[0] > 0]
@@ -405,7 +405,7 @@ class FedPCL(SignalAccounting, Algorithm):
     def broadcast(self, rnd, weights, state):
         return dict(state["sets"]) if state.get("sets") else {}
 
-    def after_aggregate(self, rnd, weights, extras, state):
+    def after_aggregate(self, rnd, weights, extras, state, *, broadcast=None):
         per_client = self.payload_nbytes(state)
         _check_extras(extras, "protos")
         clients = dict(state["clients"])

@@ -9,15 +9,16 @@ current global weights ``w`` and ``avg`` into the next global weights. The pseud
 - ``fedadam`` (Reddi et al. 2021): ``m = b1 m + (1-b1) d``, ``v = b2 v + (1-b2) d^2``,
   ``w' = w - lr * m / (sqrt(v) + tau)`` with b1 0.9, b2 0.99, tau 1e-3, lr 0.01 (METHODS.md); ``v`` starts
   at ``tau^2`` as in the reference (and Reddi et al.'s ``v_{-1} >= tau^2``), ``m`` at zero.
-- ``fedacg`` (Kim et al. 2024): the server broadcasts the look-ahead ``w + lam*m`` (lam 0.85) and
-  clients add a proximal term to it (the algorithm side reads ``payload["acg_beta"]``);
-  ``m = lam*m + (avg - w_lookahead)...`` see :class:`FedACG`.
+- ``fedacg`` (Kim et al. 2024): the server broadcasts the look-ahead ``w_hat = w + lam*m`` (lam 0.85);
+  clients add the proximal term ``beta/2 ||theta - w_hat||^2`` through :class:`ClientHints` (any
+  algorithm); then ``Delta = avg - w_hat``, ``m = lam*m + Delta``, ``w' = w_hat + lr*Delta``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fedray.algorithms.base import ClientHints
 from fedray.config import ConfigError
 
 
@@ -42,8 +43,9 @@ class ServerOptimizer:
         """Weights sent to clients (FedACG sends a look-ahead)."""
         return w
 
-    def client_extras(self) -> dict:
-        return {}
+    def client_hints(self) -> ClientHints:
+        """Hints for every client's local training (FedACG: its proximal weight beta)."""
+        return ClientHints()
 
     def step(self, w: np.ndarray, avg: np.ndarray) -> np.ndarray:
         return avg
@@ -103,8 +105,8 @@ class FedACG(ServerOptimizer):
             return w
         return (w + np.float32(self.params["lam"]) * m).astype(np.float32, copy=False)
 
-    def client_extras(self):
-        return {"prox_mu": float(self.params["beta"])}
+    def client_hints(self) -> ClientHints:
+        return ClientHints(prox_mu=float(self.params["beta"]))
 
     def step(self, w, avg):
         w_hat = self.broadcast_weights(w)

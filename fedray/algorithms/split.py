@@ -41,7 +41,7 @@ client-side part per (seed, round, client, iteration), so every run is reproduci
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ from fedray.losses import ZERO_MODES, label_prior, logit_adjusted_ce
 
 __all__ = [
     "SplitBatch",
+    "SplitShape",
     "IterationResult",
     "SplitAlgorithm",
     "Scala",
@@ -140,11 +141,9 @@ def _row_ce(z: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> list[float]:
         return [float(t.mean()) if t.numel() else math.nan for t in torch.split(per, sizes, 0)]
 
 
-class SplitAlgorithm(Algorithm):
-    """Base of the split methods; by itself it is concatenated-activation split learning with plain CE
-    (the paper's Algorithm 1 without logit adjustment), which SCALA specialises.
-
-    Class attributes read by the engine:
+@dataclass(frozen=True)
+class SplitShape:
+    """How a split method runs: the one description of it the engine reads.
 
     - ``returns_gradients``: the server sends activation gradients back (False: clients learn locally);
     - ``client_models``: ``"average"`` (FedAvg of the client-side models each round) or ``"local"``
@@ -153,19 +152,38 @@ class SplitAlgorithm(Algorithm):
     - ``server_copies``: one server-side copy per participating client, averaged at round end;
     - ``sequential_clients``: the clients go through their local iterations one after another (in the
       server's seeded random order of the round), each client's whole local training meeting the server
-      before the next client starts; otherwise all clients take every iteration together.
+      before the next client starts; otherwise all clients take every iteration together;
+    - ``local_iters`` / ``batch_size``: the method's parameters (SCALA's T and B; 0 in a declaration).
+    """
+
+    returns_gradients: bool = True
+    client_models: str = "average"
+    server_copies: bool = False
+    sequential_clients: bool = False
+    local_iters: int = 0
+    batch_size: int = 0
+
+
+class SplitAlgorithm(Algorithm):
+    """Base of the split methods; by itself it is concatenated-activation split learning with plain CE
+    (the paper's Algorithm 1 without logit adjustment), which SCALA specialises.
+
+    A subclass declares its shape in ``declared`` (a :class:`SplitShape`); the engine reads only
+    :attr:`shape`, which adds the parameters ``local_iters`` and ``batch_size``.
     """
 
     program = "split"
-    returns_gradients = True
-    client_models = "average"
-    server_copies = False
-    sequential_clients = False
+    declared = SplitShape()
     defaults: dict[str, Any] = {"batch_size": 320, "local_iters": 5, "split_point": None, "server_lr": None}
 
     @property
+    def shape(self) -> SplitShape:
+        return replace(self.declared, local_iters=int(self.params["local_iters"]),
+                       batch_size=int(self.params["batch_size"]))
+
+    @property
     def stateful_clients(self) -> bool:  # the worker opens the client-state store for "local" models
-        return self.client_models == "local"
+        return self.declared.client_models == "local"
 
     def validate(self) -> None:
         for name in ("batch_size", "local_iters"):
@@ -217,7 +235,7 @@ class SplitAlgorithm(Algorithm):
 
     # ------------------------------------------------------------------------------------ server
     def server_iteration(self, srv, batch: SplitBatch) -> IterationResult:
-        """One local iteration on the coordinator. ``srv`` (:class:`fedray.engine.split.SplitServer`)
+        """One local iteration on the coordinator. ``srv`` (:class:`fedray.engine.programs.split_server.SplitServer`)
         gives ``srv.main`` / ``srv.copies``, ``srv.forward(model, x)`` and
         ``srv.step(model, loss, wrt=(...))`` (gradients w.r.t. ``wrt`` plus an optimizer step).
 
@@ -290,7 +308,7 @@ class SplitFedV1(SplitAlgorithm):
 
     name = "splitfed_v1"
     description = "SplitFedV1: per-client server-side copies trained in parallel, averaged each round"
-    server_copies = True
+    declared = SplitShape(server_copies=True)
 
     def server_iteration(self, srv, batch: SplitBatch) -> IterationResult:
         grads, losses, total = [], [], 0.0
@@ -328,8 +346,8 @@ class SplitFedV2(SplitAlgorithm):
             raise ConfigError(f"algorithm.params.order: must be 'client' or 'iteration', got {self.params['order']!r}")
 
     @property
-    def sequential_clients(self) -> bool:
-        return self.params["order"] == "client"
+    def shape(self) -> SplitShape:
+        return replace(super().shape, sequential_clients=self.params["order"] == "client")
 
     def server_iteration(self, srv, batch: SplitBatch) -> IterationResult:
         n = len(batch)
@@ -356,7 +374,7 @@ class SplitFedV3(SplitFedV1):
 
     name = "splitfed_v3"
     description = "SplitFedV3: client-side models kept local, server-side copies averaged"
-    client_models = "local"
+    declared = SplitShape(server_copies=True, client_models="local")
 
 
 @register
@@ -369,7 +387,7 @@ class SFLLocalLoss(SplitAlgorithm):
 
     name = "sfl_local_loss"
     description = "SFL with local losses: client auxiliary head, no gradient returns"
-    returns_gradients = False
+    declared = SplitShape(returns_gradients=False)
     defaults = {**SplitAlgorithm.defaults, "aux": "linear"}
 
     def validate(self) -> None:

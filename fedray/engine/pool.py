@@ -1,19 +1,21 @@
 """Worker pools: the same interface over Ray actors and over in-process workers.
 
-The coordinator only talks to a pool: ``put`` an object once per round, ``submit`` a chunk of
-clients to worker ``i``, ``wait`` for finished tasks, read a ``result`` (raising :class:`WorkerLost`
-when the worker process died), ``replace`` a dead worker, ``cancel`` unfinished tasks.
+The round programs only talk to a pool: ``put`` an object once per round, ``submit(i, method, ...)``
+a call of a :class:`~fedray.engine.worker.ClientWorker` method to worker ``i``, ``wait`` for finished
+tasks, read a ``result`` (raising :class:`WorkerLost` when the worker process died), ``replace`` a dead
+worker, ``cancel`` unfinished tasks, ``call_all`` a method on every worker.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from fedray.engine.worker import ClientWorker, WorkerSpec
+from fedray.engine.outcomes import WorkerLost
+from fedray.engine.replica import WorkerSpec
+from fedray.engine.worker import ClientWorker
 
-
-class WorkerLost(RuntimeError):
-    """The worker process running a task died (crash, kill, out of memory)."""
+__all__ = ["LocalPool", "RayPool", "WorkerLost", "default_num_workers"]
 
 
 @dataclass(eq=False)
@@ -40,16 +42,8 @@ class LocalPool:
     def put(self, obj):
         return obj
 
-    def submit(self, widx: int, *args) -> _LocalHandle:
-        h = _LocalHandle(widx)
-        try:
-            h.value = self.workers[widx].run_clients(*args)
-        except Exception as e:  # noqa: BLE001
-            h.error = e
-        return h
-
-    def submit_call(self, widx: int, method: str, *args) -> _LocalHandle:
-        """Run any ``ClientWorker`` method (e.g. the split program's ``split_step``) on worker ``widx``."""
+    def submit(self, widx: int, method: str, *args) -> _LocalHandle:
+        """Run ``ClientWorker.<method>(*args)`` on worker ``widx`` (now: in-process tasks are synchronous)."""
         h = _LocalHandle(widx)
         try:
             h.value = getattr(self.workers[widx], method)(*args)
@@ -71,6 +65,9 @@ class LocalPool:
 
     def cancel(self, handles: list) -> None:
         return None
+
+    def call_all(self, method: str, timeout: float | None = None) -> list:
+        return [getattr(w, method)() for w in self.workers]
 
     def shutdown(self) -> None:
         self.workers = []
@@ -129,11 +126,8 @@ class RayPool:
     def put(self, obj):
         return self.ray.put(obj)
 
-    def submit(self, widx: int, *args):
-        return self.workers[widx].run_clients.remote(*args)
-
-    def submit_call(self, widx: int, method: str, *args):
-        """Call any ``ClientWorker`` method (e.g. the split program's ``split_step``) on actor ``widx``."""
+    def submit(self, widx: int, method: str, *args):
+        """Call ``ClientWorker.<method>(*args)`` on actor ``widx``; returns the result's object ref."""
         return getattr(self.workers[widx], method).remote(*args)
 
     def wait(self, handles: list, timeout: float | None = None) -> list:
@@ -173,6 +167,10 @@ class RayPool:
             except Exception:  # noqa: BLE001
                 pass
 
+    def call_all(self, method: str, timeout: float | None = None) -> list:
+        """``ClientWorker.<method>()`` on every worker, in worker order."""
+        return self.ray.get([getattr(a, method).remote() for a in self.workers], timeout=timeout)
+
     def shutdown(self) -> None:
         for w in self.workers:
             try:
@@ -200,8 +198,6 @@ def default_num_workers(cfg, clients_per_round: int) -> tuple[int, float, float]
             gpus_total = float(torch.cuda.device_count()) if e.device != "cpu" else 0.0
         except Exception:  # noqa: BLE001
             gpus_total = 0.0
-        import os
-
         cpus_total = float(len(os.sched_getaffinity(0)))
     if e.device == "cpu":
         gpus_total = 0.0

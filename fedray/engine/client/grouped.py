@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,8 +51,10 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from fedray.config import ConfigError
+from fedray.data.loader import to_float
+from fedray.engine.outcomes import ClientOutcome, error_text
 
-__all__ = ["GroupMember", "check_multi_client", "declares_multi_client", "groups_of", "run_clients_grouped",
+__all__ = ["GroupMember", "GroupedRuntime", "check_multi_client", "declares_multi_client", "groups_of",
            "supported_algorithms", "train_group"]
 
 
@@ -149,19 +150,6 @@ class MemberResult:
     steps: int
 
 
-def _schedule(ctx, train) -> list[np.ndarray]:
-    """The batches of ``local_sgd`` for one client: row indices per step, all epochs."""
-    n = ctx.num_samples
-    bs = int(train.batch_size)
-    order = ctx.rng("order")
-    out = []
-    for _ in range(int(train.local_epochs)):
-        perm = order.permutation(n)
-        stop = (n // bs) * bs if train.drop_last else n
-        out.extend(perm[i : i + bs] for i in range(0, stop, bs))
-    return out
-
-
 class _StackedOptimizer:
     """SGD (momentum, weight decay) or Adam on tensors with a leading client axis, elementwise as
     ``torch.optim.SGD`` / ``torch.optim.Adam`` (defaults: dampening 0, no Nesterov; betas 0.9/0.999,
@@ -216,189 +204,217 @@ def _clip_per_client(grads: list[torch.Tensor], max_norm: float) -> list[torch.T
     return [g * coef.view(-1, *([1] * (g.dim() - 1))) for g in grads]
 
 
-_WORKSPACES: dict = {}
-
-
-def _workspace(model: nn.Module, names: list[str], shapes: list[tuple], rows: int, device: torch.device) -> list[torch.Tensor]:
-    """Stacked parameter buffers of at least ``rows`` clients, kept per model and reused by every group:
-    large fresh allocations are returned to the OS after each use and cost a page fault per 4 KiB when
-    touched again, which for a multi-megabyte model costs more than the training step itself."""
+def _workspace(cache: dict | None, model: nn.Module, names: list[str], shapes: list[tuple], rows: int,
+               device: torch.device) -> list[torch.Tensor]:
+    """Stacked parameter buffers of at least ``rows`` clients, kept in ``cache`` (the runtime's) and reused
+    by every group: large fresh allocations are returned to the OS after each use and cost a page fault
+    per 4 KiB when touched again, which for a multi-megabyte model costs more than the training step."""
     key = (id(model), tuple(names), str(device))
-    bufs = _WORKSPACES.get(key)
+    bufs = cache.get(key) if cache is not None else None
     if bufs is None or bufs[0].shape[0] < rows:
-        if len(_WORKSPACES) > 4:
-            _WORKSPACES.clear()
         bufs = [torch.empty((rows, *shape), dtype=torch.float32, device=device) for shape in shapes]
-        _WORKSPACES[key] = bufs
+        if cache is not None:
+            if len(cache) > 4:
+                cache.clear()
+            cache[key] = bufs
     return bufs
+
+
+class _Group:
+    """The stacked state of one group while it trains (see :func:`train_group`)."""
+
+    def __init__(self, model, layout, gw: np.ndarray, members, *, rnd, seed, train, meta, normalize, augment,
+                 device, prox_mu, workspaces):
+        from fedray.algorithms.base import ClientContext, batch_schedule
+
+        self.model, self.gw, self.members = model, gw, members
+        self.train, self.meta, self.normalize, self.augment, self.device = train, meta, normalize, augment, device
+        self.prox_mu = float(prox_mu or 0.0)
+        g = torch.from_numpy(gw if gw.flags.writeable else gw.copy()).to(device)
+        self.slices = {name: (off, n, shape) for name, shape, off, n in layout.slices()}
+        self.trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+        missing = [n for n in self.trainable if n not in self.slices]
+        if missing:
+            raise ValueError(f"trainable parameters {missing} are not in the flat layout")
+        self.fixed = {name: g[off : off + n].view(shape) for name, (off, n, shape) in self.slices.items()
+                      if name not in self.trainable}
+        self.anchors = [g[self.slices[n][0] : self.slices[n][0] + self.slices[n][1]].view(self.slices[n][2])
+                        for n in self.trainable]
+        # per-member schedules (the exact batches of local_sgd) and generators
+        self.scheds, self.gens, lrs = [], [], []
+        for mem in members:
+            ctx = ClientContext(cid=int(mem.cid), rnd=int(rnd), seed=int(seed), model=model, flat=None,
+                                global_weights=gw, images=mem.images, labels=mem.labels, meta=meta, train=train,
+                                device=device, normalize=normalize, augment=augment)
+            self.scheds.append(list(batch_schedule(ctx)))
+            self.gens.append(ctx.torch_generator("augment") if augment is not None else None)
+            lrs.append(ctx.lr())
+        self.steps = [len(s) for s in self.scheds]
+        self.results: list[MemberResult | None] = [None] * len(members)
+        for i, s in enumerate(self.steps):  # nothing to train (drop_last with fewer rows than a batch)
+            if s == 0:
+                self.results[i] = MemberResult(weights=gw.copy(), num_samples=int(members[i].labels.shape[0]),
+                                               loss=math.nan, steps=0)
+        self.order = sorted((i for i in range(len(members)) if self.steps[i] > 0), key=lambda i: -self.steps[i])
+        self.a = len(self.order)
+        self.totals = [0.0] * len(members)
+        self.seen = [0] * len(members)
+        if self.a:
+            bufs = _workspace(workspaces, model, self.trainable, [self.slices[n][2] for n in self.trainable], self.a,
+                              device)
+            self.params = [buf[: self.a].detach().copy_(anc.unsqueeze(0).expand_as(buf[: self.a])).requires_grad_(True)
+                           for buf, anc in zip(bufs, self.anchors)]
+            self.opt = _StackedOptimizer(train, lrs[self.order[0]])
+            fixed = self.fixed
+            self.batched = vmap(lambda p, x: functional_call(model, {**p, **fixed}, (x,)), in_dims=(0, 0))
+
+    def finish(self, upto: int) -> None:
+        """Read out the weights of the stacked rows ``upto..a-1`` (clients that took their last step)."""
+        for row in range(upto, self.a):
+            i = self.order[row]
+            w = self.gw.copy()
+            for n, p in zip(self.trainable, self.params):
+                off, cnt, _ = self.slices[n]
+                w[off : off + cnt] = p[row].detach().reshape(-1).to("cpu").numpy()
+            self.results[i] = MemberResult(weights=w, num_samples=int(self.members[i].labels.shape[0]),
+                                           loss=self.totals[i] / self.seen[i] if self.seen[i] else math.nan,
+                                           steps=self.steps[i])
+
+    def shrink(self, t: int) -> None:
+        """Before step ``t``: clients whose schedule ended leave the stack (always a suffix of it)."""
+        active = sum(1 for i in self.order if self.steps[i] > t)
+        if active < self.a:
+            self.finish(active)
+            self.a = active
+            self.params = [p.detach()[:active].requires_grad_(True) for p in self.params]
+            self.opt.keep(active)
+
+    def batch(self, t: int):
+        """Step ``t``'s padded batch of every stacked client: (xs, ys, mask, real row counts)."""
+        a, bs, dev = self.a, int(self.train.batch_size), self.device
+        xs = torch.zeros((a, bs, *tuple(self.meta.shape)), dtype=torch.float32, device=dev)
+        ys = torch.zeros((a, bs), dtype=torch.int64, device=dev)
+        mask = torch.zeros((a, bs), dtype=torch.float32, device=dev)
+        counts = []
+        for row in range(a):
+            i = self.order[row]
+            idx = self.scheds[i][t]
+            xb = to_float(torch.from_numpy(self.members[i].images[idx]), self.meta, self.normalize)
+            if self.augment is not None:
+                xb = self.augment(xb, self.gens[i])
+            b = int(idx.shape[0])
+            xs[row, :b] = xb.to(dev)
+            ys[row, :b] = torch.from_numpy(np.asarray(self.members[i].labels[idx], dtype=np.int64)).to(dev)
+            mask[row, :b] = 1.0
+            counts.append(b)
+        return xs, ys, mask, counts
+
+    def step(self, t: int) -> None:
+        a, bs = self.a, int(self.train.batch_size)
+        xs, ys, mask, counts = self.batch(t)
+        cnt = torch.tensor(counts, dtype=torch.float32, device=self.device)
+        logits = self.batched(dict(zip(self.trainable, self.params)), xs)  # (a, bs, classes)
+        ce = F.cross_entropy(logits.reshape(a * bs, -1), ys.reshape(-1), reduction="none").view(a, bs)
+        loss = (ce * mask).sum(1) / cnt
+        if self.prox_mu:
+            sq = torch.stack([(p - anc).pow(2).flatten(1).sum(1) for p, anc in zip(self.params, self.anchors)]).sum(0)
+            loss = loss + 0.5 * float(self.prox_mu) * sq
+        grads = list(torch.autograd.grad(loss.sum(), self.params))
+        if self.train.grad_clip is not None:
+            grads = _clip_per_client(grads, float(self.train.grad_clip))
+        self.opt.step(self.params, grads)
+        lv = loss.detach().to("cpu").tolist()
+        for row in range(a):
+            i = self.order[row]
+            self.totals[i] += float(lv[row]) * counts[row]
+            self.seen[i] += counts[row]
 
 
 def train_group(model: nn.Module, layout, global_weights: np.ndarray, members: list[GroupMember], *, rnd: int,
                 seed: int, train, meta, normalize: bool, augment=None, device: torch.device | str = "cpu",
-                prox_mu: float = 0.0) -> list[MemberResult]:
+                prox_mu: float = 0.0, workspaces: dict | None = None) -> list[MemberResult]:
     """Train ``members`` (one round, all from ``global_weights``) at once; one result per member, in order.
 
     ``model`` is any module with the flat ``layout`` (:class:`fedray.core.weights.WeightLayout`); its own
     tensors are not modified. ``prox_mu`` adds ``prox_mu/2 ||w - w_global||^2`` to every client's loss
-    (FedProx's mu, FedACG's client term). See the module docstring for the schedule and the equivalence
-    with :func:`fedray.algorithms.base.local_sgd`.
+    (FedProx's mu, FedACG's client term). ``workspaces``: a dict in which stacked buffers are kept between
+    calls. See the module docstring for the schedule and the equivalence with
+    :func:`fedray.algorithms.base.local_sgd`.
     """
-    from fedray.algorithms.base import ClientContext
-    from fedray.data.loader import to_float
-
     device = torch.device(device)
     gw = np.asarray(global_weights, dtype=np.float32)
     if gw.shape != (layout.size,):
         raise ValueError(f"weight vector has shape {gw.shape}, the model's flat layout needs ({layout.size},)")
-    g = torch.from_numpy(gw if gw.flags.writeable else gw.copy()).to(device)
-    slices = {name: (off, n, shape) for name, shape, off, n in layout.slices()}
-    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
-    missing = [n for n in trainable if n not in slices]
-    if missing:
-        raise ValueError(f"trainable parameters {missing} are not in the flat layout")
-    fixed = {name: g[off : off + n].view(shape) for name, (off, n, shape) in slices.items() if name not in trainable}
-    anchors = [g[slices[n][0] : slices[n][0] + slices[n][1]].view(slices[n][2]) for n in trainable]
-
-    # per-member schedules (the exact batches of local_sgd) and generators
-    ctxs, scheds, gens = [], [], []
-    for mem in members:
-        ctx = ClientContext(cid=int(mem.cid), rnd=int(rnd), seed=int(seed), model=model, flat=None,
-                            global_weights=gw, images=mem.images, labels=mem.labels, meta=meta, train=train,
-                            device=device, normalize=normalize, augment=augment)
-        ctxs.append(ctx)
-        scheds.append(_schedule(ctx, train))
-        gens.append(ctx.torch_generator("augment") if augment is not None else None)
-    steps = [len(s) for s in scheds]
-    results: list[MemberResult | None] = [None] * len(members)
-    for i, s in enumerate(steps):  # nothing to train (drop_last with fewer rows than a batch)
-        if s == 0:
-            results[i] = MemberResult(weights=gw.copy(), num_samples=int(members[i].labels.shape[0]), loss=math.nan,
-                                      steps=0)
-    order = sorted((i for i in range(len(members)) if steps[i] > 0), key=lambda i: -steps[i])  # stable
-    if not order:
-        return results  # type: ignore[return-value]
-
-    a = len(order)
-    params = [buf[:a].detach().copy_(anc.unsqueeze(0).expand_as(buf[:a])).requires_grad_(True)
-              for buf, anc in zip(_workspace(model, trainable, [slices[n][2] for n in trainable], a, device), anchors)]
-    opt = _StackedOptimizer(train, ctxs[order[0]].lr())
-    bs = int(train.batch_size)
-    shape = tuple(meta.shape)
-    totals = [0.0] * len(members)
-    seen = [0] * len(members)
-
-    def forward_one(p: dict, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(model, {**p, **fixed}, (x,))
-
-    batched = vmap(forward_one, in_dims=(0, 0))
-
-    def finish(upto: int) -> None:
-        """Read out the weights of the stacked rows ``upto..a-1`` (clients that took their last step)."""
-        for row in range(upto, a):
-            i = order[row]
-            w = gw.copy()
-            for n, p in zip(trainable, params):
-                off, cnt, _ = slices[n]
-                w[off : off + cnt] = p[row].detach().reshape(-1).to("cpu").numpy()
-            results[i] = MemberResult(weights=w, num_samples=int(members[i].labels.shape[0]),
-                                      loss=totals[i] / seen[i] if seen[i] else math.nan, steps=steps[i])
-
+    grp = _Group(model, layout, gw, members, rnd=rnd, seed=seed, train=train, meta=meta, normalize=normalize,
+                 augment=augment, device=device, prox_mu=prox_mu, workspaces=workspaces)
+    if not grp.order:
+        return grp.results  # type: ignore[return-value]
     was_training = model.training
     model.train()
     try:
-        for t in range(steps[order[0]]):
-            active = sum(1 for i in order if steps[i] > t)
-            if active < a:
-                finish(active)
-                a = active
-                params = [p.detach()[:a].requires_grad_(True) for p in params]
-                opt.keep(a)
-            xs = torch.zeros((a, bs, *shape), dtype=torch.float32, device=device)
-            ys = torch.zeros((a, bs), dtype=torch.int64, device=device)
-            mask = torch.zeros((a, bs), dtype=torch.float32, device=device)
-            counts = []
-            for row in range(a):
-                i = order[row]
-                idx = scheds[i][t]
-                xb = to_float(torch.from_numpy(members[i].images[idx]), meta, normalize)
-                if augment is not None:
-                    xb = augment(xb, gens[i])
-                b = int(idx.shape[0])
-                xs[row, :b] = xb.to(device)
-                ys[row, :b] = torch.from_numpy(np.asarray(members[i].labels[idx], dtype=np.int64)).to(device)
-                mask[row, :b] = 1.0
-                counts.append(b)
-            cnt = torch.tensor(counts, dtype=torch.float32, device=device)
-            logits = batched(dict(zip(trainable, params)), xs)  # (a, bs, classes)
-            ce = F.cross_entropy(logits.reshape(a * bs, -1), ys.reshape(-1), reduction="none").view(a, bs)
-            loss = (ce * mask).sum(1) / cnt
-            if prox_mu:
-                sq = torch.stack([(p - anc).pow(2).flatten(1).sum(1) for p, anc in zip(params, anchors)]).sum(0)
-                loss = loss + 0.5 * float(prox_mu) * sq
-            grads = list(torch.autograd.grad(loss.sum(), params))
-            if train.grad_clip is not None:
-                grads = _clip_per_client(grads, float(train.grad_clip))
-            opt.step(params, grads)
-            lv = loss.detach().to("cpu").tolist()
-            for row in range(a):
-                i = order[row]
-                totals[i] += float(lv[row]) * counts[row]
-                seen[i] += counts[row]
-        finish(0)
+        for t in range(grp.steps[grp.order[0]]):
+            grp.shrink(t)
+            grp.step(t)
+        grp.finish(0)
     finally:
         model.train(was_training)
-    return results  # type: ignore[return-value]
+    return grp.results  # type: ignore[return-value]
 
 
-# ------------------------------------------------------------------------------------------- worker hook
-def run_clients_grouped(worker, rnd: int, weights, payload: dict, chunk: list[tuple[int, int]]) -> list:
-    """``ClientWorker.run_clients`` for ``engine.multi_client > 1``: train the task's clients in groups
-    (:func:`groups_of`) with :func:`train_group`; one :class:`~fedray.engine.worker.ClientOutcome` per
-    client, in the task's order. Fault injection and data errors are per client (that client is left
-    out of its group and reported failed); an error while training a group fails its clients."""
-    from fedray.engine.worker import ClientOutcome
+# ------------------------------------------------------------------------------------------- runtime
+class GroupedRuntime:
+    """Client runtime for ``engine.multi_client > 1``: trains a task's clients in groups
+    (:func:`groups_of`) with :func:`train_group`; one :class:`~fedray.engine.outcomes.ClientOutcome` per
+    client, in the task's order. Fault injection and data errors are per client (that client is left out
+    of its group and reported failed); an error while training a group fails its clients."""
 
-    m = int(worker.cfg.engine.multi_client)
-    if not getattr(worker, "_multi_client_checked", False):
-        check_multi_client(worker.cfg, model=worker.model, algorithm=worker.algorithm)
-        worker._multi_client_checked = True
-    weights = np.asarray(weights)
-    mu_fn = getattr(worker.algorithm, "multi_client_prox_mu", None)
-    prox_mu = float(payload.get("prox_mu") or 0.0) + (float(mu_fn(payload)) if mu_fn is not None else 0.0)
-    outcomes: dict[int, ClientOutcome] = {}
+    def __init__(self, replica, states, faults, name: str):
+        # stateful clients are refused by check_multi_client, so ``states`` is never needed here
+        check_multi_client(replica.cfg, model=replica.model, algorithm=replica.algorithm)
+        self.replica, self.faults, self.name = replica, faults, name
+        self.m = int(replica.cfg.engine.multi_client)
+        self.workspaces: dict = {}
 
-    def failed(pos, cid, err: BaseException, seconds: float) -> ClientOutcome:
+    def _failed(self, pos, cid, err: BaseException, seconds: float) -> ClientOutcome:
         return ClientOutcome(cid=cid, pos=pos, weights=None, num_samples=0, loss=float("nan"), seconds=seconds,
-                             worker=worker.name,
-                             error=f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=8)}")
+                             worker=self.name, error=error_text(err))
 
-    for group in groups_of(chunk, m):
-        t0 = time.perf_counter()
-        members: list[GroupMember] = []
+    def _members(self, rnd: int, group, outcomes: dict, t0: float) -> list[GroupMember]:
+        members = []
         for pos, cid in group:
             try:
-                worker._maybe_fault(rnd, cid)
-                images, labels = worker.store.client_arrays(cid)
+                self.faults.client(rnd, cid)
+                images, labels = self.replica.store.client_arrays(cid)
                 members.append(GroupMember(cid=cid, pos=pos, images=images, labels=labels))
             except Exception as e:  # noqa: BLE001 - reported per client, the coordinator decides
-                outcomes[pos] = failed(pos, cid, e, time.perf_counter() - t0)
-        if not members:
-            continue
-        try:
-            res = train_group(worker.model, worker.flat.layout, weights, members, rnd=rnd, seed=int(worker.cfg.seed),
-                              train=worker.cfg.train, meta=worker.meta, normalize=bool(worker.cfg.data.normalize),
-                              augment=worker.augment, device=worker.device, prox_mu=prox_mu)
-        except Exception as e:  # noqa: BLE001
+                outcomes[pos] = self._failed(pos, cid, e, time.perf_counter() - t0)
+        return members
+
+    def run(self, rnd: int, weights, payload: dict, chunk: list[tuple[int, int]], hints) -> list[ClientOutcome]:
+        rp = self.replica
+        weights = np.asarray(weights)
+        outcomes: dict[int, ClientOutcome] = {}
+        for group in groups_of(chunk, self.m):
+            t0 = time.perf_counter()
+            members = self._members(rnd, group, outcomes, t0)
+            if not members:
+                continue
+            try:
+                res = train_group(rp.model, rp.flat.layout, weights, members, rnd=rnd, seed=int(rp.cfg.seed),
+                                  train=rp.cfg.train, meta=rp.meta, normalize=bool(rp.cfg.data.normalize),
+                                  augment=rp.augment, device=rp.device, prox_mu=hints.prox_mu,
+                                  workspaces=self.workspaces)
+            except Exception as e:  # noqa: BLE001
+                dt = time.perf_counter() - t0
+                for mem in members:
+                    outcomes[mem.pos] = self._failed(mem.pos, mem.cid, e, dt / len(members))
+                continue
             dt = time.perf_counter() - t0
-            for mem in members:
-                outcomes[mem.pos] = failed(mem.pos, mem.cid, e, dt / len(members))
-            continue
-        dt = time.perf_counter() - t0
-        total_steps = sum(r.steps for r in res)
-        for mem, r in zip(members, res):
-            # the group's wall time, shared out in proportion to each client's steps
-            share = r.steps / total_steps if total_steps else 1.0 / len(res)
-            outcomes[mem.pos] = ClientOutcome(cid=mem.cid, pos=mem.pos, weights=r.weights, num_samples=r.num_samples,
-                                              loss=r.loss, seconds=dt * share, worker=worker.name,
-                                              metrics={"group_size": len(members)})
-    return [outcomes[pos] for pos, _ in chunk if pos in outcomes]
+            total_steps = sum(r.steps for r in res)
+            for mem, r in zip(members, res):
+                # the group's wall time, shared out in proportion to each client's steps
+                share = r.steps / total_steps if total_steps else 1.0 / len(res)
+                outcomes[mem.pos] = ClientOutcome(cid=mem.cid, pos=mem.pos, weights=r.weights,
+                                                  num_samples=r.num_samples, loss=r.loss, seconds=dt * share,
+                                                  worker=self.name)
+        return [outcomes[pos] for pos, _ in chunk if pos in outcomes]

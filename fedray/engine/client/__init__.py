@@ -1,0 +1,1 @@
+"""Client runtimes: how a worker runs a task (sequential, grouped for multi-client, split)."""

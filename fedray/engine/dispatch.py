@@ -1,0 +1,238 @@
+"""One task scheduler with one failure policy, used by both round programs.
+
+A round program hands the scheduler :class:`Task` s (a list of clients for one worker call) and a
+function that submits a task to a worker; the scheduler keeps the idle workers and the tasks in flight,
+replaces a worker whose process died, retries or drops clients, writes one :class:`LedgerRow` per failed
+attempt (and per success when asked), and hands every successful client outcome to the program.
+What to do with a failure is decided in one place, :class:`FailurePolicy`, as a :class:`FailureDecision`.
+
+- **Federated tasks** (``atomic=False``): a client that raises is retried alone; after
+  ``engine.max_client_retries`` failed attempts it is dropped (the program's fold skips it). A lost
+  worker counts as a failed attempt of each client of its task; the survivors are resubmitted together
+  (multi-client groups keep their members).
+- **Split tasks** (``atomic=True``): a worker holds its clients' state for the whole round, so a failure
+  resubmits the worker's whole task (pinned to that worker, flagged ``replay``). A client cannot be
+  dropped half-way through a round: more than ``max_client_retries`` failures abort the round.
+- More than ``engine.max_worker_restarts`` worker replacements in one round abort the run.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from fedray.engine.outcomes import WorkerLost
+from fedray.engine.round_report import LedgerRow
+
+__all__ = ["FailureDecision", "FailurePolicy", "RoundAborted", "RunAborted", "Task", "TaskScheduler"]
+
+
+class FailureDecision(enum.Enum):
+    RETRY = "retry"  # run the client (or its task) again
+    DROP = "drop"  # give the client up for this round; the fold skips it
+    ABORT_ROUND = "abort_round"  # the round cannot produce a result
+    ABORT_RUN = "abort_run"  # the run cannot go on
+
+
+class RoundAborted(RuntimeError):
+    """A round cannot produce a result (e.g. a split client failed more than its retries)."""
+
+
+class RunAborted(RuntimeError):
+    """The run cannot go on (e.g. more worker replacements in a round than allowed)."""
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    max_client_retries: int
+    max_worker_restarts: int
+    can_drop: bool = True  # False: a client failing past its retries aborts the round
+
+    @classmethod
+    def from_engine(cls, engine, *, can_drop: bool = True) -> FailurePolicy:
+        return cls(int(engine.max_client_retries), int(engine.max_worker_restarts), can_drop)
+
+    def client_failed(self, attempts: int) -> FailureDecision:
+        """A client has now failed ``attempts`` times in this round."""
+        if attempts <= self.max_client_retries:
+            return FailureDecision.RETRY
+        return FailureDecision.DROP if self.can_drop else FailureDecision.ABORT_ROUND
+
+    def worker_lost(self, restarts: int) -> FailureDecision:
+        """A worker died; ``restarts`` workers were already replaced in this round."""
+        return FailureDecision.ABORT_RUN if restarts >= self.max_worker_restarts else FailureDecision.RETRY
+
+
+@dataclass(frozen=True)
+class Task:
+    """Clients for one worker call: ``items[i] = (sampled position, client id, ...)``."""
+
+    items: tuple
+    worker: int | None = None  # pinned to this worker (split: it holds these clients' state)
+    replay: bool = False  # a resubmission after a failure (split: rebuild and replay the round so far)
+
+    @property
+    def first(self) -> int:
+        return int(self.items[0][0])
+
+
+class TaskScheduler:
+    """Runs tasks on ``pool`` for round ``rnd`` under ``policy``; keeps the round's ledger and counters.
+
+    One scheduler serves a whole round (the split program calls :meth:`run` once per local iteration)."""
+
+    def __init__(self, pool, policy: FailurePolicy, rnd: int, *, atomic: bool = False, record_success: bool = True):
+        self.pool, self.policy, self.rnd = pool, policy, int(rnd)
+        self.atomic, self.record_success = atomic, record_success
+        self.ledger: list[LedgerRow] = []
+        self.attempts: dict[int, int] = defaultdict(int)  # failed attempts per client id
+        self.retries = 0
+        self.dropped: list[int] = []
+        self.restarts0 = pool.restarts
+        self._idle = list(range(pool.size))
+        self._queue: list = []  # heap of (first position, sequence, task)
+        self._seq = itertools.count()
+        self._inflight: dict = {}  # handle -> (worker, task)
+
+    @property
+    def worker_restarts(self) -> int:
+        return self.pool.restarts - self.restarts0
+
+    def push(self, task: Task) -> None:
+        heapq.heappush(self._queue, (task.first, next(self._seq), task))
+
+    def run(self, tasks, call: Callable, on_outcome: Callable, *, on_drop: Callable | None = None,
+            may_start: Callable | None = None, stop: Callable | None = None, deadline: float | None = None,
+            label: str = "") -> None:
+        """Run ``tasks`` (and their retries) until none is left, ``stop()`` is true, or ``deadline``
+        (``time.perf_counter()`` value) passes. ``call(worker, task)`` submits a task and returns a pool
+        handle; ``on_outcome(outcome)`` gets every successful client outcome; ``on_drop(position, cid)``
+        every dropped client; ``may_start(task)`` can hold the head of the queue back (reorder window).
+        ``label`` describes the work in ledger rows and errors (e.g. " in split iteration 3")."""
+        for t in tasks:
+            self.push(t)
+        while self._queue or self._inflight:
+            if stop is not None and stop():
+                return
+            self._start(call, may_start)
+            timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            ready = self.pool.wait(list(self._inflight), timeout=timeout)
+            if not ready and deadline is not None and time.perf_counter() >= deadline:
+                return
+            for h in ready:
+                widx, task = self._inflight.pop(h)
+                try:
+                    outs = self.pool.result(h)
+                except WorkerLost as err:
+                    self._worker_lost(widx, task, err, on_drop, label)
+                    continue
+                self._idle.append(widx)
+                if self.atomic:
+                    self._atomic_outcomes(widx, task, outs, on_outcome, label)
+                else:
+                    self._outcomes(outs, on_outcome, on_drop)
+
+    def cancel_rest(self) -> int:
+        """Cancel what is still queued or running; returns the number of clients not finished."""
+        n = sum(len(t.items) for _, t in self._inflight.values()) + sum(len(t.items) for _, _, t in self._queue)
+        if self._inflight:
+            self.pool.cancel(list(self._inflight))
+        self._inflight.clear()
+        self._queue.clear()
+        return n
+
+    def ledger_rows(self) -> list[dict]:
+        return [r.as_dict() for r in self.ledger]
+
+    # ----------------------------------------------------------------------------------------------
+    def _start(self, call, may_start) -> None:
+        held = []
+        while self._idle and self._queue:
+            first, seq, task = self._queue[0]
+            if may_start is not None and not may_start(task):
+                break
+            heapq.heappop(self._queue)
+            if task.worker is not None:
+                if task.worker not in self._idle:
+                    held.append((first, seq, task))
+                    continue
+                self._idle.remove(task.worker)
+                widx = task.worker
+            else:
+                widx = self._idle.pop()
+            self._inflight[call(widx, task)] = (widx, task)
+        for entry in held:
+            heapq.heappush(self._queue, entry)
+
+    def _failure_row(self, cid: int, failure: str, *, worker: str, seconds: float = 0.0, attempt: int) -> None:
+        self.ledger.append(LedgerRow(client=int(cid), round=self.rnd, samples=0, loss=math.nan,
+                                     seconds=float(seconds), worker=worker, failure=failure, attempt=int(attempt)))
+
+    def _client_failed(self, pos: int, cid: int, on_drop) -> bool:
+        """Count a failed attempt of a droppable client; True when it runs again."""
+        self.attempts[cid] += 1
+        decision = self.policy.client_failed(self.attempts[cid])
+        if decision is FailureDecision.RETRY:
+            self.retries += 1
+            return True
+        self.dropped.append(cid)
+        if on_drop is not None:
+            on_drop(pos, cid)
+        return False
+
+    def _worker_lost(self, widx: int, task: Task, err: WorkerLost, on_drop, label: str) -> None:
+        if self.policy.worker_lost(self.worker_restarts) is FailureDecision.ABORT_RUN:
+            raise RunAborted(
+                f"round {self.rnd}: more than engine.max_worker_restarts={self.policy.max_worker_restarts} worker "
+                f"restarts; last error: {err}") from err
+        self.pool.replace(widx)
+        self._idle.append(widx)
+        for item in task.items:
+            self._failure_row(item[1], f"worker lost{label}: {err}", worker=f"w{widx}",
+                              attempt=self.attempts[int(item[1])] + 1)
+        if self.atomic:  # the worker's clients are rebuilt and replayed together; no client is charged
+            self.retries += 1
+            self.push(replace(task, worker=widx, replay=True))
+            return
+        again = tuple(item for item in task.items if self._client_failed(int(item[0]), int(item[1]), on_drop))
+        if again:  # one task again, so multi-client groups keep their members
+            self.push(Task(again))
+
+    def _outcomes(self, outs, on_outcome, on_drop) -> None:
+        for out in outs:
+            attempt = self.attempts[out.cid] + 1
+            if out.error is not None:
+                self._failure_row(out.cid, out.error.splitlines()[0], worker=out.worker, seconds=out.seconds,
+                                  attempt=attempt)
+                if self._client_failed(out.pos, out.cid, on_drop):
+                    self.push(Task(((out.pos, out.cid),)))
+                continue
+            if self.record_success:
+                self.ledger.append(LedgerRow(client=int(out.cid), round=self.rnd, samples=int(out.num_samples),
+                                             loss=float(out.loss), seconds=float(out.seconds), worker=out.worker,
+                                             failure=None, attempt=attempt))
+            on_outcome(out)
+
+    def _atomic_outcomes(self, widx: int, task: Task, outs, on_outcome, label: str) -> None:
+        bad = [o for o in outs if o.error is not None]
+        if not bad:
+            for o in outs:
+                on_outcome(o)
+            return
+        for o in bad:
+            self.attempts[o.cid] += 1
+            n = self.attempts[o.cid]
+            self._failure_row(o.cid, o.error.splitlines()[0], worker=o.worker, seconds=o.seconds, attempt=n)
+            if self.policy.client_failed(n) is not FailureDecision.RETRY:
+                raise RoundAborted(
+                    f"round {self.rnd}: client {o.cid} failed {n} times{label} "
+                    f"(engine.max_client_retries={self.policy.max_client_retries}); a split round cannot drop a "
+                    f"client mid-round. Last error: {o.error}")
+        self.retries += 1
+        self.push(replace(task, worker=widx, replay=True))

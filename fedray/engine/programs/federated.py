@@ -1,0 +1,175 @@
+"""The federated round program: broadcast -> local updates on the workers -> ordered fold -> server step.
+
+One round: sample clients (:mod:`fedray.engine.sampling`); put the broadcast weights and the algorithm's
+payload into the object store once; cut the sampled clients into tasks (:meth:`FederatedProgram.chunk_size`)
+and run them on the workers through the :class:`~fedray.engine.dispatch.TaskScheduler`; fold the client
+models in sampled order (:class:`~fedray.engine.fold.OrderedFold`); then the server optimizer's step and
+the algorithm's ``after_aggregate``. Dispatch never runs more than ``engine.reorder_window`` clients ahead
+of the fold, so the coordinator holds a bounded number of updates whatever the clients per round.
+Straggler handling: with ``engine.over_selection`` or ``engine.round_deadline_s`` the first clients to
+finish (up to ``train.clients_per_round``) are kept and folded in sampled order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler
+from fedray.engine.fold import OrderedFold
+from fedray.engine.round_report import RoundResult
+from fedray.engine.sampling import sample_clients
+
+__all__ = ["FederatedProgram"]
+
+# Default budget for client updates held by the coordinator at once (default chunk size; see chunk_size).
+_HELD_UPDATES_BYTES = 256 << 20
+
+
+class _Tally:
+    """Per-client statistics of the folded clients, accumulated in sampled order."""
+
+    def __init__(self):
+        self.loss_sum, self.samples, self.clients = 0.0, 0, 0
+        self.extras: list[dict] = []
+
+    def add(self, out) -> None:
+        self.loss_sum += out.loss * out.num_samples
+        self.samples += out.num_samples
+        self.clients += 1
+        if out.extras:
+            self.extras.append({"cid": out.cid, "num_samples": out.num_samples, **out.extras})
+
+
+class FederatedProgram:
+    def __init__(self, *, cfg, algorithm, server_opt, pool, sizes, num_params: int, **_unused):
+        self.cfg, self.algorithm, self.server_opt, self.pool = cfg, algorithm, server_opt, pool
+        self.sizes = sizes
+        self.num_params = int(num_params)
+
+    def chunk_size(self, k: int) -> int:
+        """Clients per task: ``engine.chunk_size``, or about 4 tasks per worker and round, capped so that
+        the updates held at once (reorder window ~ 2 x workers x chunk, plus the tasks returning) stay
+        within 256 MB; with ``engine.multi_client: m``, whole groups of m consecutive sampled clients."""
+        e = self.cfg.engine
+        if e.chunk_size:
+            chunk = int(e.chunk_size)
+        else:
+            held = max(1, _HELD_UPDATES_BYTES // max(1, 4 * self.num_params))
+            cap = max(1, held // (3 * self.pool.size))
+            chunk = max(1, min(int(math.ceil(k / (4 * self.pool.size))), cap))
+        m = int(e.multi_client or 1)
+        if m > 1:  # whole groups of m consecutive sampled clients per task (fedray.engine.client.grouped)
+            chunk = (int(math.ceil(chunk / m)) if e.chunk_size else max(1, chunk // m)) * m
+        return chunk
+
+    def run_round(self, rnd: int, weights: np.ndarray, algo_state: dict) -> RoundResult:
+        cfg, algo, opt = self.cfg, self.algorithm, self.server_opt
+        secs: dict[str, float] = {}
+        t0 = time.perf_counter()
+        e = cfg.engine
+        sampled = sample_clients(self.sizes, cfg.train.clients_per_round, cfg.seed, rnd, e.over_selection)
+        secs["sample"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        bw = opt.broadcast_weights(weights)
+        payload = dict(algo.broadcast(rnd, bw, algo_state))
+        hints = algo.client_hints().merge(opt.client_hints())
+        w_ref, p_ref = self.pool.put(bw), self.pool.put(payload)
+        secs["broadcast"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        agg = self.train(rnd, sampled, w_ref, p_ref, hints)
+        secs["train"] = time.perf_counter() - t0 - agg["fold_seconds"]
+
+        t0 = time.perf_counter()
+        new, state = weights, algo_state
+        if agg["avg"] is not None:
+            new = opt.step(weights, agg["avg"])
+            new, state = algo.after_aggregate(rnd, new, agg["extras"], algo_state, broadcast=bw)
+            new = np.ascontiguousarray(new, dtype=np.float32)
+        secs["aggregate"] = time.perf_counter() - t0 + agg["fold_seconds"]
+
+        report = {
+            "round": rnd, "num_clients": agg["num_clients"], "num_samples": agg["num_samples"], "loss": agg["loss"],
+            "dropped": agg["dropped"], "retries": agg["retries"], "worker_restarts": agg["worker_restarts"],
+            "stragglers_cancelled": agg["cancelled"],
+            "lr": float(cfg.train.lr) * float(cfg.train.lr_decay) ** (rnd - 1),
+            "bytes": {"broadcast": int(bw.nbytes) * len(sampled), "upload": int(bw.nbytes) * agg["num_clients"]},
+        }
+        for key, value in algo.round_metrics(rnd, state, len(sampled)).items():
+            if key == "bytes":
+                report["bytes"].update(value)
+            else:
+                report[key] = value
+        return RoundResult(weights=new, algo_state=state, report=report, ledger=agg["ledger"], seconds=secs)
+
+    # -------------------------------------------------------------------------------------------------
+    def train(self, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dict:
+        """Run every sampled client once (with retries) and fold the results in sampled order."""
+        e = self.cfg.engine
+        collect_all = e.over_selection > 0 or e.round_deadline_s is not None
+        target = min(len(sampled), int(self.cfg.train.clients_per_round))
+        k = len(sampled)
+        chunk = self.chunk_size(k)
+        window = int(e.reorder_window or max(2 * self.pool.size * chunk, chunk + 1))
+        client_w = [self.algorithm.client_weight(int(self.sizes[c])) for c in sampled]
+        fold, tally = OrderedFold(client_w), _Tally()
+        timing = {"fold": 0.0}
+        finished: dict[int, object] = {}  # straggler mode: outcomes by position, folded after the round
+
+        def folded(pairs) -> None:
+            for _, out in pairs:
+                tally.add(out)
+
+        def on_outcome(out) -> None:
+            if collect_all:
+                finished[out.pos] = out
+                return
+            t = time.perf_counter()
+            pairs = fold.add(out.pos, out.weights, out)
+            timing["fold"] += time.perf_counter() - t
+            folded(pairs)
+
+        def on_drop(pos, cid) -> None:
+            if not collect_all:  # a drop can unblock results buffered behind it
+                folded(fold.skip(pos))
+
+        sched = TaskScheduler(self.pool, FailurePolicy.from_engine(e), rnd)
+        tasks = [Task(tuple((p, sampled[p]) for p in range(i, min(i + chunk, k)))) for i in range(0, k, chunk)]
+        deadline = time.perf_counter() + e.round_deadline_s if e.round_deadline_s is not None else None
+        sched.run(tasks, lambda widx, task: self.pool.submit(widx, "run_clients", rnd, w_ref, p_ref, list(task.items),
+                                                              hints),
+                  on_outcome, on_drop=on_drop, deadline=deadline,
+                  may_start=None if collect_all else (lambda task: task.first < fold.next + window),
+                  stop=(lambda: sum(1 for _ in finished) >= target) if collect_all else None)
+        # stragglers: clients still running (cancelled) or never started when the round closed
+        cancelled = sched.cancel_rest()
+        if collect_all:
+            fold, cancelled = self._keep_first(sampled, client_w, sched, finished, target, cancelled)
+            for p in range(k):
+                out = finished.get(p)
+                t = time.perf_counter()
+                pairs = fold.add(p, out.weights, out) if out is not None else fold.skip(p)
+                timing["fold"] += time.perf_counter() - t
+                folded(pairs)
+        return {"avg": fold.result(), "fold_seconds": timing["fold"], "num_clients": tally.clients,
+                "num_samples": tally.samples, "loss": tally.loss_sum / tally.samples if tally.samples else math.nan,
+                "extras": tally.extras, "dropped": sched.dropped, "retries": sched.retries,
+                "worker_restarts": sched.worker_restarts, "ledger": sched.ledger, "cancelled": cancelled}
+
+    @staticmethod
+    def _keep_first(sampled, client_w, sched, finished: dict, target: int, cancelled: int):
+        """Straggler mode: keep the first ``target`` clients to finish (completion order, as recorded in the
+        ledger); the rest count as stragglers. Returns the fold over the kept ones and the straggler count."""
+        pos_of = {c: p for p, c in enumerate(sampled)}
+        done = [pos_of[row.client] for row in sched.ledger if row.failure is None]
+        keep = set(done[:target])
+        cancelled += len(done) - len(keep)
+        for p in list(finished):
+            if p not in keep:
+                del finished[p]
+        total = float(sum(client_w[p] for p in keep)) or 1.0
+        return OrderedFold(client_w, total=total), cancelled

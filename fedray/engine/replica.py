@@ -1,0 +1,82 @@
+"""What the coordinator and every client worker build from the same description of a run.
+
+A :class:`Replica` is the config, the partition store, the algorithm, one model with its flat weight
+view, the augmentation and the device, built once per process from a :class:`WorkerSpec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedray.algorithms import build_algorithm
+from fedray.config import from_dict
+from fedray.core.weights import FlatParams
+from fedray.data.loader import Augment
+from fedray.data.store import PartitionStore
+from fedray.models import model_for_meta
+
+__all__ = ["Replica", "WorkerSpec", "coordinator_device", "worker_spec"]
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs to build itself; small and picklable."""
+
+    config: dict  # resolved ExperimentConfig as a dict
+    partition_path: str
+    state_path: str | None
+    run_dir: str
+    device: str = "cpu"
+    gpu_fraction: float | None = None
+
+
+def worker_spec(cfg_dict: dict, partition_path: str, state_path: str | None, run_dir: str,
+                worker_gpus: float) -> WorkerSpec:
+    """What every ClientWorker of a run is built from: a (fractional) GPU when the workers were given one
+    and ``engine.device`` allows it, else the CPU."""
+    device = "auto" if cfg_dict["engine"]["device"] in ("auto", "cuda") and worker_gpus > 0 else "cpu"
+    return WorkerSpec(config=cfg_dict, partition_path=partition_path, state_path=state_path, run_dir=run_dir,
+                      device=device, gpu_fraction=worker_gpus or None)
+
+
+def coordinator_device(engine_device: str) -> torch.device:
+    return torch.device("cuda" if engine_device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+
+
+class Replica:
+    """One process's copy of the experiment (see the module docstring).
+
+    ``device``: ``"auto"`` (a GPU when torch sees one), ``"cpu"``/``"cuda"`` or a torch.device.
+    ``seed_model``: seed torch with ``seed`` right before building the model (the initial global model)."""
+
+    def __init__(self, cfg_dict: dict, partition_path: str, device, *, gpu_fraction: float | None = None,
+                 seed_model: bool = False):
+        cfg = from_dict(cfg_dict, validate=False)
+        self.cfg = cfg
+        torch.set_num_threads(max(1, int(cfg.engine.torch_threads)))
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and gpu_fraction:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, float(gpu_fraction)), self.device)
+        self.store = PartitionStore.open(partition_path)
+        self.meta = self.store.meta
+        self.sizes = np.asarray(self.store.sizes, dtype=np.int64)
+        self.algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
+        if seed_model:  # the initial global model: torch.manual_seed(seed) immediately followed by construction
+            torch.manual_seed(int(cfg.seed))
+        self.model = self.model_factory()
+        self.flat = FlatParams(self.model, self.device)
+        self.augment = Augment.from_spec(cfg.train.augment) if cfg.train.augment else None
+
+    def model_factory(self) -> torch.nn.Module:
+        """Another model of the run's architecture (e.g. MOON's copy of the global model)."""
+        cfg = self.cfg
+        return model_for_meta(cfg.model.name, self.meta, **cfg.model.params)
+
+    @classmethod
+    def for_worker(cls, spec: WorkerSpec) -> Replica:
+        return cls(spec.config, spec.partition_path, spec.device, gpu_fraction=spec.gpu_fraction)
