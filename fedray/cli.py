@@ -108,7 +108,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_scale(args) -> int:
-    from fedray.scaling import main_cli
+    from fedray.apps.scale import main_cli
 
     return main_cli(args.scale, output=args.output_dir, dry_run=args.dry_run, resume=args.resume)
 
