@@ -1,12 +1,17 @@
 """The ``fedray`` command line.
 
     fedray run CONFIG [a.b=c ...]        run an experiment (or --resume RUN_DIR)
+    fedray run CONFIG --dry-run          print the resolved config and the run directory, run nothing
+    fedray show RUN_DIR                  status, rounds, accuracy and last checkpoint of one run directory
     fedray partition CONFIG [a.b=c ...]  build a partition (manifest + per-client shards), print statistics
     fedray datasets                      list data sources, partitioners, models and algorithms
     fedray report RUN_DIR [RUN_DIR ...]  rebuild tables and PNG plots from run directories
     fedray tune STUDY.yaml [--resume]    hyper-parameter study over whole runs (docs/tuning.md)
     fedray scale SCALE.yaml              client-count scaling sweep -> Parquet table + plots (docs/scaling.md)
     fedray bench [NAME [ARGS ...]]       list / run the benchmarks of bench/ (docs/benchmarks.md)
+
+``python -m fedray ...`` is the same command line. Options and a.b=c overrides of ``run`` and
+``partition`` may come in any order.
 """
 
 from __future__ import annotations
@@ -15,10 +20,34 @@ import argparse
 import sys
 
 
+def _dry_run(args) -> int:
+    """``fedray run CONFIG --dry-run``: the resolved config (as config.yaml would hold it) and the run
+    directory, after the checks ``fedray run`` makes before any work; writes nothing."""
+    from pathlib import Path
+
+    from fedray.config import dump_config, load_config
+    from fedray.engine.runner import default_run_name
+    from tuning.study import _check_registries  # the names checks `fedray run` and `fedray tune` make first
+
+    if args.resume or not args.config:
+        print("fedray run: --dry-run needs a CONFIG file (not --resume)", file=sys.stderr)
+        return 2
+    cfg = load_config(args.config, args.overrides)
+    if args.output_dir:
+        cfg.output.root = args.output_dir
+    _check_registries(cfg, args.config)
+    print(dump_config(cfg), end="")
+    print(f"run directory: {Path(cfg.output.root) / default_run_name(cfg)}")
+    print("fedray run: --dry-run: nothing was run or written", file=sys.stderr)
+    return 0
+
+
 def _cmd_run(args) -> int:
     from fedray.config import load_config
     from fedray.engine.runner import run_experiment
 
+    if args.dry_run:
+        return _dry_run(args)
     if args.resume:
         res = run_experiment(resume=args.resume, progress=not args.quiet)
     else:
@@ -36,6 +65,13 @@ def _cmd_run(args) -> int:
         print(format_table([summarize(RunDir(res.run_dir))]))
     print(f"run directory: {res.run_dir}")
     return 130 if res.interrupted else 0
+
+
+def _cmd_show(args) -> int:
+    from fedray.reporting.report import describe_run
+
+    print(describe_run(args.run_dir))
+    return 0
 
 
 def _cmd_partition(args) -> int:
@@ -108,7 +144,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_scale(args) -> int:
-    from fedray.scaling import main_cli
+    from fedray.apps.scale import main_cli
 
     return main_cli(args.scale, output=args.output_dir, dry_run=args.dry_run, resume=args.resume)
 
@@ -149,21 +185,32 @@ def _cmd_tune(args) -> int:
     return run_cli(args, "fedray tune")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedray", description="Federated-learning simulation on Ray.")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+#: Subcommands whose positional a.b=c overrides may be mixed with options (argparse's intermixed parsing).
+INTERMIXED = ("run", "partition")
 
+
+def _add_experiment_commands(sub) -> None:
     r = sub.add_parser("run", help="run an experiment from a YAML/TOML config (or resume one)",
                        description="Run one FL experiment. Overrides take the form a.b=c, e.g. "
                                    "train.rounds=20 data.partition.params.alpha=0.1 engine.backend=local. "
                                    "Ctrl-C (or SIGTERM, e.g. `ray job stop`) writes a checkpoint and stops; "
-                                   "--resume RUN_DIR continues to the same result as an uninterrupted run.")
+                                   "--resume RUN_DIR continues to the same result as an uninterrupted run. "
+                                   "Options and overrides may come in any order.")
     r.add_argument("config", nargs="?", help="experiment config (YAML or TOML)")
     r.add_argument("overrides", nargs="*", help="a.b=c overrides")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     r.add_argument("--output-dir", help="root directory for run directories (output.root)")
     r.add_argument("-q", "--quiet", action="store_true", help="no per-round progress")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config and the run directory it would use; run and write nothing")
     r.set_defaults(func=_cmd_run)
+
+    sh = sub.add_parser("show", help="summary of one run directory: status, rounds, accuracy, last checkpoint",
+                        description="Print RUN_DIR's status, algorithm, model, source, rounds done / configured, "
+                                    "last / EMA / best accuracy, last checkpoint and, unless it finished, the "
+                                    "command that resumes it.")
+    sh.add_argument("run_dir", metavar="RUN_DIR")
+    sh.set_defaults(func=_cmd_show)
 
     pa = sub.add_parser("partition", help="partition a dataset into per-client shards and print statistics",
                         description="Load the config's data source, run its partitioner and write the manifest "
@@ -176,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the first N clients' statistics (-1: all; every client is in clients.csv)")
     pa.set_defaults(func=_cmd_partition)
 
+
+def _add_report_commands(sub) -> None:
     d = sub.add_parser("datasets", help="list data sources, partitioners, models and algorithms",
                        description="List every registered data source, partitioner, model, algorithm and "
                                    "server optimizer with a one-line description.")
@@ -189,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="output directory (default RUN_DIR/report, or ./report for several runs)")
     rep.set_defaults(func=_cmd_report)
 
+
+def _add_study_commands(sub) -> None:
     from tuning.runner import add_arguments as _tune_arguments
 
     tu = sub.add_parser("tune", help="hyper-parameter study (Optuna) over whole FL runs, trials in parallel",
@@ -218,7 +269,27 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("name", nargs="?", metavar="NAME")
     be.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
     be.set_defaults(func=_cmd_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedray", description="Federated-learning simulation on Ray.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _add_experiment_commands(sub)
+    _add_report_commands(sub)
+    _add_study_commands(sub)
     return p
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse the command line; the subcommands of :data:`INTERMIXED` accept options after their
+    overrides (``fedray run c.yaml a.b=c --quiet``) and overrides after options
+    (``fedray run c.yaml --output-dir X a.b=c``), which plain ``parse_args`` rejects."""
+    if argv and argv[0] in INTERMIXED:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        args = sub.choices[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedray.data.table import DataError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, sys.argv[1:] if argv is None else list(argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedray.config import ConfigError
     from fedray.data.table import DataError
-    from fedray.scaling import main_cli
+    from fedray.apps.scale import main_cli
 
     try:
         return main_cli(args.config, output=args.output_dir, dry_run=args.dry_run, resume=args.resume)

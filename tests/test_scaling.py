@@ -161,7 +161,7 @@ def _synthetic_experiment(tmp_path, partition_cache, **over) -> dict:
 
 
 def test_scaling_table_has_the_documented_columns(tmp_path, partition_cache):
-    from fedray.scaling import COLUMNS, load_scale, run_scale
+    from fedray.apps.scale import COLUMNS, load_scale, run_scale
 
     spec = load_scale(data={
         "name": "tiny", "rounds": 2, "output": str(tmp_path / "out"),
@@ -195,7 +195,7 @@ def test_scale_resume_keeps_finished_points(tmp_path, partition_cache):
     ``resume=True``: the finished point is kept as measured, only the rest runs; a changed experiment is refused."""
     import pyarrow.parquet as pq
 
-    from fedray.scaling import load_scale, run_scale
+    from fedray.apps.scale import load_scale, run_scale
 
     data = {"name": "tiny", "rounds": 2, "output": str(tmp_path / "out"),
             "experiment": _synthetic_experiment(tmp_path, partition_cache),
@@ -215,7 +215,7 @@ def test_scale_resume_keeps_finished_points(tmp_path, partition_cache):
 
 
 def test_scale_file_errors_name_the_field(tmp_path, partition_cache):
-    from fedray.scaling import load_scale
+    from fedray.apps.scale import load_scale
 
     exp = _synthetic_experiment(tmp_path, partition_cache)
     for bad, field in [({"sweep": {"clients": [1]}}, r"^sweep\.clients"),

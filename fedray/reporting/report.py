@@ -27,13 +27,15 @@ def summarize(rd: RunDir) -> dict:
     rows = rd.read_metrics()
     evald = [r for r in rows if r.get("accuracy") is not None]
     last5 = [r["accuracy"] for r in evald[-5:]]
+    best = max(evald, key=lambda r: r["accuracy"]) if evald else None
     out = {
         "run": rd.path.name,
         "label": _label(rd),
         "rounds": rows[-1]["round"] if rows else 0,
         "accuracy": evald[-1]["accuracy"] if evald else math.nan,
         "ema_accuracy": evald[-1].get("ema_accuracy", math.nan) if evald else math.nan,
-        "best_accuracy": max((r["accuracy"] for r in evald), default=math.nan),
+        "best_accuracy": best["accuracy"] if best else math.nan,
+        "best_round": best["round"] if best else None,
         "mean_last5": sum(last5) / len(last5) if last5 else math.nan,
         "mean_round_s": (sum(r.get("seconds_total", 0.0) for r in rows) / len(rows)) if rows else math.nan,
         "failures": sum(int(r.get("failures", 0)) for r in rows),
@@ -42,6 +44,48 @@ def summarize(rd: RunDir) -> dict:
         out["domain_accuracy"] = evald[-1]["domain_accuracy"]
         out["domain_mean_accuracy"] = evald[-1].get("domain_mean_accuracy")
     return out
+
+
+def _num(v, fmt: str = "{:.4f}") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def describe_run(path: str | Path) -> str:
+    """``fedray show``: a short summary of one run directory from its run.json, config.yaml, metrics.jsonl,
+    summary.json and checkpoints/latest. Raises FileNotFoundError naming the missing file when ``path`` is
+    not a run directory."""
+    import shlex
+
+    from fedray.config import load_config
+
+    rd = RunDir(path)
+    if not rd.path.is_dir():
+        raise FileNotFoundError(f"{str(path)!r}: no such directory")
+    for name in ("run.json", "config.yaml"):
+        if not (rd.path / name).is_file():
+            raise FileNotFoundError(f"{str(path)!r} is not a run directory: {name} is missing")
+    run, cfg, s = rd.read_json("run.json"), load_config(rd.path / "config.yaml"), summarize(rd)
+    final = rd.read_json("summary.json") if (rd.path / "summary.json").is_file() else {}
+    ckpt = rd.latest_checkpoint()
+    status = run.get("status", "unknown")
+    lines = [
+        f"run directory:   {rd.path}",
+        f"status:          {status}",
+        f"algorithm:       {run.get('algorithm', cfg.algorithm.name)}",
+        f"model:           {run.get('model', cfg.model.name)}",
+        f"source:          {run.get('source', cfg.data.source)}",
+        f"rounds:          {s['rounds']} / {cfg.train.rounds}",
+        f"accuracy:        {_num(s['accuracy'])} (last), {_num(s['ema_accuracy'])} (EMA)",
+        f"best accuracy:   {_num(s['best_accuracy'])}"
+        + (f" at round {s['best_round']}" if s["best_round"] is not None else ""),
+        "last checkpoint: " + (f"round {RunDir.checkpoint_round(ckpt)} ({ckpt.name})" if ckpt else "none"),
+    ]
+    if final:
+        lines.append(f"finished in:     {_num(final.get('total_seconds'), '{:.1f}')} s, "
+                     f"weights {final.get('weights_hash', '-')}")
+    if status != "finished":
+        lines.append(f"resume:          fedray run --resume {shlex.quote(str(rd.path))}")
+    return "\n".join(lines)
 
 
 def format_table(summaries: list[dict]) -> str:

@@ -133,6 +133,19 @@ class RunDir:
             old.unlink(missing_ok=True)
         return path
 
+    def latest_checkpoint(self) -> Path | None:
+        """The checkpoint ``checkpoints/latest`` names (None before the first checkpoint or when it is gone)."""
+        latest = self.path / "checkpoints" / "latest"
+        if not latest.is_file():
+            return None
+        path = self.path / "checkpoints" / latest.read_text().strip()
+        return path if path.is_file() else None
+
+    @staticmethod
+    def checkpoint_round(path: Path) -> int:
+        """The round of a checkpoint file named by :meth:`checkpoint_path` (``ckpt-000010.pkl`` -> 10)."""
+        return int(Path(path).stem.rsplit("-", 1)[1])
+
     def load_checkpoint(self) -> dict | None:
         """The newest readable checkpoint (a damaged newest one falls back to the previous)."""
         ckpts = sorted((self.path / "checkpoints").glob("ckpt-*.pkl"), reverse=True)

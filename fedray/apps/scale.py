@@ -27,7 +27,8 @@ Outputs in the output directory: ``scaling.parquet`` (columns in :data:`COLUMNS`
 ``scaling.md`` (the printed table), ``scale.yaml`` (the resolved scale file), ``plots/*.png``
 (throughput vs clients per round, latency split vs population, memory vs population and vs clients
 per round, speed-up vs workers; a plot is skipped when its axis has a single value) and ``runs/`` (the
-run directories of the points). See docs/scaling.md.
+run directories of the points). See docs/scaling.md. The in-run measurements (object store, GPU) are in
+:mod:`fedray.apps.probes`, the plots in :mod:`fedray.apps.scale_plots`.
 """
 
 from __future__ import annotations
@@ -37,9 +38,6 @@ import itertools
 import json
 import math
 import os
-import shutil
-import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.apps.probes import GpuSampler, ObjectStoreProbe
 from fedray.config import ConfigError, apply_overrides, from_dict, read_config_file
 from fedray.core.io import atomic_writer
 from fedray.core.procinfo import proc_memory_mb
@@ -102,81 +101,6 @@ COLUMNS: dict[str, str] = {
 }
 
 
-class ObjectStoreProbe:
-    """Object-store use of the connected Ray cluster (bytes in use, bytes spilled), via the raylet's
-    memory-info RPC that ``ray memory --stats-only`` uses. ``read()`` returns NaNs when Ray is not
-    initialised or the (private) API is unavailable."""
-
-    def __init__(self):
-        self._state = None
-        self._failed = False
-
-    def read(self) -> tuple[float, float]:
-        if self._failed:
-            return math.nan, math.nan
-        try:
-            import ray
-
-            if not ray.is_initialized():
-                return math.nan, math.nan
-            from ray._private.internal_api import get_memory_info_reply, get_state_from_address
-
-            if self._state is None:
-                self._state = get_state_from_address(ray.get_runtime_context().gcs_address)
-            st = get_memory_info_reply(self._state, timeout_seconds=10.0).store_stats
-            return st.object_store_bytes_used / 2**20, st.spilled_bytes_total / 2**20
-        except Exception:  # noqa: BLE001 - a measurement aid: never fail the sweep for it
-            self._failed = True
-            return math.nan, math.nan
-
-
-class GpuSampler(threading.Thread):
-    """Samples ``nvidia-smi`` (utilisation %, memory used MB, summed over GPUs) every ``period`` s.
-    Does nothing where ``nvidia-smi`` is missing or reports no GPU."""
-
-    def __init__(self, period: float = 0.5):
-        super().__init__(daemon=True)
-        self.period = period
-        self.util: list[float] = []
-        self.mem: list[float] = []
-        self._halt = threading.Event()
-        self.available = shutil.which("nvidia-smi") is not None
-
-    def _read(self) -> tuple[float, float] | None:
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
-                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        rows = [r.split(",") for r in out.stdout.strip().splitlines() if r.strip()]
-        if out.returncode != 0 or not rows:
-            return None
-        try:
-            return float(np.mean([float(r[0]) for r in rows])), float(sum(float(r[1]) for r in rows))
-        except (ValueError, IndexError):
-            return None
-
-    def run(self) -> None:
-        if not self.available:
-            return
-        while not self._halt.is_set():
-            got = self._read()
-            if got is None:
-                return
-            self.util.append(got[0])
-            self.mem.append(got[1])
-            self._halt.wait(self.period)
-
-    def stop(self) -> dict:
-        self._halt.set()
-        if self.is_alive():
-            self.join(timeout=10)
-        if not self.util:
-            return {"gpu_util_mean_pct": math.nan, "gpu_util_max_pct": math.nan, "gpu_mem_max_mb": math.nan}
-        return {"gpu_util_mean_pct": float(np.mean(self.util)), "gpu_util_max_pct": float(np.max(self.util)),
-                "gpu_mem_max_mb": float(np.max(self.mem))}
-
-
 # ------------------------------------------------------------------------------------------- scale file
 @dataclass
 class ScaleSpec:
@@ -209,7 +133,28 @@ def load_scale(path: str | Path | None = None, *, data: dict | None = None, outp
     unknown = sorted(set(data) - _SCALE_KEYS)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field in the scale file (known: {', '.join(sorted(_SCALE_KEYS))})")
-    here = Path(path).resolve().parent if path is not None else Path.cwd()
+    base = _base_experiment(data, Path(path).resolve().parent if path is not None else Path.cwd())
+    cfg = from_dict(base)  # the base experiment must be valid on its own
+    rounds = data.get("rounds", 3)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"rounds: expected an integer >= 1, got {rounds!r}")
+    ray_args = data.get("ray") or {}
+    if not isinstance(ray_args, dict):
+        raise ConfigError(f"ray: expected a mapping of ray.init arguments, got {ray_args!r}")
+    name = data.get("name") or (Path(path).stem if path is not None else "scale")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"name: expected a non-empty string, got {name!r}")
+    out = output if output is not None else data.get("output") or f"scale-out/{name}"
+    if not isinstance(out, (str, Path)):
+        raise ConfigError(f"output: expected a directory path, got {out!r}")
+    points = _sweep_points(data, _axis_defaults(data, cfg))
+    return ScaleSpec(name=name, base=base, rounds=int(rounds), output=Path(out), ray=dict(ray_args), points=points,
+                     source_path=str(Path(path).resolve()) if path is not None else None)
+
+
+def _base_experiment(data: dict, here: Path) -> dict:
+    """The base experiment of a scale file as a dict: ``base`` (a path relative to ``here``) merged with
+    the inline ``experiment``, then the ``overrides``."""
     base: dict = {}
     if data.get("base") is not None:
         if not isinstance(data["base"], str):
@@ -228,22 +173,12 @@ def load_scale(path: str | Path | None = None, *, data: dict | None = None, outp
     ovs = data.get("overrides") or []
     if not isinstance(ovs, list) or not all(isinstance(o, str) for o in ovs):
         raise ConfigError(f"overrides: expected a list of a.b=c strings, got {ovs!r}")
-    base = apply_overrides(base, ovs)
-    from_dict(base)  # the base experiment must be valid on its own
-    rounds = data.get("rounds", 3)
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ConfigError(f"rounds: expected an integer >= 1, got {rounds!r}")
-    ray_args = data.get("ray") or {}
-    if not isinstance(ray_args, dict):
-        raise ConfigError(f"ray: expected a mapping of ray.init arguments, got {ray_args!r}")
-    name = data.get("name") or (Path(path).stem if path is not None else "scale")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"name: expected a non-empty string, got {name!r}")
-    out = output if output is not None else data.get("output") or f"scale-out/{name}"
-    if not isinstance(out, (str, Path)):
-        raise ConfigError(f"output: expected a directory path, got {out!r}")
+    return apply_overrides(base, ovs)
 
-    cfg = from_dict(base)
+
+def _axis_defaults(data: dict, cfg) -> dict:
+    """Each axis' value where a grid does not sweep it: the scale file's ``defaults``, else the base
+    experiment's (``cfg``)."""
     defaults = dict(_AXIS_DEFAULTS)
     defaults.update(population=int(cfg.data.partition.num_clients), clients_per_round=int(cfg.train.clients_per_round),
                     multi_client=int(cfg.engine.multi_client))
@@ -258,6 +193,11 @@ def load_scale(path: str | Path | None = None, *, data: dict | None = None, outp
         if isinstance(v, list):
             raise ConfigError(f"defaults.{k}: expected one integer (one default per axis), got the list {v!r}")
         defaults[k] = _int_list(f"defaults.{k}", v)[0]
+    return defaults
+
+
+def _sweep_points(data: dict, defaults: dict) -> list[dict]:
+    """The de-duplicated points ({axis: value}) of the scale file's ``sweep`` / ``sweeps`` grids."""
     if "sweep" in data and "sweeps" in data:
         raise ConfigError("sweeps: give either sweep (one grid) or sweeps (a list of grids), not both")
     grids = data.get("sweeps") if "sweeps" in data else [data.get("sweep") or {}]
@@ -279,8 +219,7 @@ def load_scale(path: str | Path | None = None, *, data: dict | None = None, outp
                 continue
             seen.add(key)
             points.append(dict(zip(AXES, combo)))
-    return ScaleSpec(name=name, base=base, rounds=int(rounds), output=Path(out), ray=dict(ray_args), points=points,
-                     source_path=str(Path(path).resolve()) if path is not None else None)
+    return points
 
 
 def _deep_merge(a: dict, b: dict) -> dict:
@@ -486,101 +425,6 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------------------- plots
-def _groups(rows: list[dict], axis: str) -> dict[tuple, list[dict]]:
-    """Ok rows grouped by the values of the other axes, each group sorted by ``axis``."""
-    out: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r.get("status") != "ok":
-            continue
-        key = tuple((a, r[a]) for a in AXES if a != axis)
-        out.setdefault(key, []).append(r)
-    return {k: sorted(v, key=lambda r: r[axis]) for k, v in out.items() if len(v) > 1}
-
-
-def _label(key: tuple) -> str:
-    short = {"population": "P", "clients_per_round": "K", "num_workers": "W", "multi_client": "m"}
-    return " ".join(f"{short[a]}={v}" for a, v in key)
-
-
-def write_plots(rows: list[dict], out: Path) -> list[Path]:
-    """PNG plots of the table (see the module docstring); returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
-
-    def save(fig, name):
-        p = out / name
-        fig.tight_layout()
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p)
-
-    g = _groups(rows, "clients_per_round")
-    if g:
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for key, rs in g.items():
-            ax.plot([r["clients_per_round"] for r in rs], [r["client_updates_per_s"] for r in rs], "o-", label=_label(key))
-        ax.set(xscale="log", xlabel="clients per round", ylabel="client updates / s", title="Throughput vs clients per round")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        save(fig, "throughput_vs_clients_per_round.png")
-    g = _groups(rows, "population")
-    if g:
-        n = len(g)
-        fig, axes = plt.subplots(1, n, figsize=(min(4.2 * n, 16), 4.2), squeeze=False)
-        parts = ["sample_s", "broadcast_s", "train_s", "aggregate_s", "eval_s", "overhead_s"]
-        for ax, (key, rs) in zip(axes[0], g.items()):
-            xs = np.arange(len(rs))
-            bottom = np.zeros(len(rs))
-            for p in parts:
-                vals = np.array([max(0.0, r.get(p) or 0.0) if not math.isnan(r.get(p) or 0.0) else 0.0 for r in rs])
-                ax.bar(xs, vals, bottom=bottom, label=p[:-2])
-                bottom += vals
-            ax.set_xticks(xs, [f"{r['population']:,}" for r in rs], rotation=30)
-            ax.set(xlabel="population (clients)", ylabel="seconds per round", title=_label(key))
-            ax.grid(True, axis="y", alpha=0.3)
-        axes[0][0].legend(fontsize=7)
-        fig.suptitle("Round latency split vs population")
-        save(fig, "latency_vs_population.png")
-    for axis, fname, xlabel in (("population", "memory_vs_population.png", "population (clients)"),
-                                ("clients_per_round", "memory_vs_clients_per_round.png", "clients per round")):
-        g = _groups(rows, axis)
-        if not g:
-            continue
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for i, (key, rs) in enumerate(g.items()):
-            xs = [r[axis] for r in rs]
-            c = f"C{i % 10}"
-            ax.plot(xs, [r["coordinator_peak_mb"] for r in rs], "o-", color=c, label=f"coordinator peak {_label(key)}")
-            ax.plot(xs, [r["workers_peak_mb"] for r in rs], "s--", color=c, label=f"worker peak {_label(key)}")
-            if any(not math.isnan(r.get("object_store_used_mb", math.nan)) for r in rs):
-                ax.plot(xs, [r["object_store_used_mb"] for r in rs], "^:", color=c, label=f"object store {_label(key)}")
-        ax.set(xscale="log", xlabel=xlabel, ylabel="MB", title=f"Memory vs {xlabel.split(' (')[0]}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6)
-        save(fig, fname)
-    g = _groups(rows, "num_workers")
-    if g:
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        wmax = 1
-        for key, rs in g.items():
-            ws = [r["num_workers"] for r in rs]
-            wmax = max(wmax, max(ws))
-            ax.plot(ws, [r["speedup_vs_fewest_workers"] for r in rs], "o-", label=_label(key))
-        w0 = min(r["num_workers"] for rs in g.values() for r in rs)
-        ax.plot([w0, wmax], [1.0, wmax / w0], "k:", label="ideal")
-        ax.set(xlabel="client workers", ylabel="speed-up (client updates / s)", title="Speed-up vs workers")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        save(fig, "speedup_vs_workers.png")
-    return files
-
-
 # ------------------------------------------------------------------------------------------- entry point
 def _point_key(row: dict) -> tuple:
     return tuple(int(row[a]) for a in AXES)
@@ -621,6 +465,8 @@ def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[di
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
     import yaml
+
+    from fedray.apps.scale_plots import write_plots  # imports AXES from here
 
     out = spec.output
     out.mkdir(parents=True, exist_ok=True)

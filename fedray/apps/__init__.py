@@ -1,0 +1,1 @@
+"""Applications built on :func:`fedray.engine.runner.run_experiment`."""
