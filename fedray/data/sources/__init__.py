@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .formats import (
+from ..formats import (
     cached_arrays,
     channel_stats,
     decode_images,
@@ -63,8 +63,8 @@ from .formats import (
     stratified_split,
     stratified_subset,
 )
-from .partition import ParamSpec
-from .table import META_KEY, DataBundle, DataError, DatasetMeta, Split, make_table
+from ..partition import ParamSpec
+from ..table import META_KEY, DataBundle, DataError, DatasetMeta, Split, make_table
 
 __all__ = ["SOURCES", "SourceSpec", "ParamSpec", "load_source", "list_sources"]
 
