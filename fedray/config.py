@@ -28,9 +28,7 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message starts with the dotted name of the field."""
+from fedray.core.errors import ConfigError  # defined in the floor package; importable from here as ever
 
 
 class _Loader(yaml.SafeLoader):

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedray.core.errors import ConfigError
+
 __all__ = [
     "PixelSpace",
     "fgsm_attack",
@@ -210,10 +212,8 @@ def validate_adversarial_spec(spec: dict, path: str = "eval.adversarial") -> dic
 
     Keys: ``eps`` (pixel-space L∞ radius, default 0.1; FedCCL states none), ``pgd_steps`` (20),
     ``pgd_alpha`` (null: 2.5·eps/steps), ``random_start`` (false), ``every`` (evaluate every k rounds; 0 = only the last round),
-    ``max_samples`` (null: the whole test set). Raises :class:`~fedray.config.ConfigError` naming the key.
+    ``max_samples`` (null: the whole test set). Raises :class:`~fedray.core.errors.ConfigError` naming the key.
     """
-    from fedray.config import ConfigError
-
     unknown = sorted(set(spec) - set(ADVERSARIAL_DEFAULTS))
     if unknown:
         raise ConfigError(f"{path}.{unknown[0]}: unknown key (known: {', '.join(sorted(ADVERSARIAL_DEFAULTS))})")
