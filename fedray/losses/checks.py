@@ -5,9 +5,9 @@ Every check raises :class:`ValueError` naming the offending argument.
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from fedray.core.params import ParamSpec, check_value
 
 
 
@@ -45,34 +45,28 @@ def _check_label_range(labels: torch.Tensor, name: str, num_classes: int) -> Non
         raise ValueError(f"{name} must lie in [0, {num_classes}), got values in [{lo}, {hi}]")
 
 
+_POSITIVE = ParamSpec(None, "a positive finite number", float, gt=0)
+_NON_NEGATIVE = ParamSpec(None, "a non-negative finite number", float, ge=0)
+_FINITE = ParamSpec(None, "a finite number", float)
+_UNIT = ParamSpec(None, "a number in [0, 1]", float, ge=0, le=1)
+_OPEN_UNIT = ParamSpec(None, "a number in (0, 1)", float, gt=0, lt=1)
+
+
+def _number(value, name: str, spec: ParamSpec) -> float:
+    """A scalar hyper-parameter as a float checked against ``spec`` (ValueError ``"<name> must be ..."``)."""
+    return check_value(value, spec, name, ValueError, strict=False, sep=" ")
+
+
 def _check_positive(value, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return v
+    return _number(value, name, _POSITIVE)
 
 
 def _check_nonnegative(value, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
-    return v
+    return _number(value, name, _NON_NEGATIVE)
 
 
 def _check_finite(value, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return v
+    return _number(value, name, _FINITE)
 
 
 def _nonempty_batch(x: torch.Tensor, name: str) -> None:

@@ -7,13 +7,15 @@ import torch
 import torch.nn.functional as F
 
 from .checks import (
-    _check_finite,
+    _OPEN_UNIT,
+    _UNIT,
     _check_float,
     _check_label_range,
     _check_labels,
     _check_logits_labels,
     _check_nonnegative,
     _check_positive,
+    _number,
     _shape,
     _work,
 )
@@ -102,9 +104,7 @@ def fedntd_loss(
     tau: float = 1.0,
 ) -> torch.Tensor:
     r"""FedNTD local objective ``(1-λ)·CE(z, y) + λ·NTD(z, z_g, y)`` (METHODS.md: 0.7·CE + 0.3·KL, τ = 1)."""
-    lam = _check_finite(lam, "lam")
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must lie in [0, 1], got {lam!r}")
+    lam = _number(lam, "lam", _UNIT)
     ntd = not_true_distillation(logits, global_logits, labels, tau=tau)
     return (1.0 - lam) * F.cross_entropy(_work(logits), labels) + lam * ntd
 
@@ -146,9 +146,7 @@ def logit_adjusted_ce(
       Exception, so the loss stays finite: if the row's *own* label has ``P = 0``, that class stays in the
       softmax with the clamped adjustment ``log(eps)`` (the other zero-prior classes are still excluded).
     """
-    eps = _check_positive(eps, "eps")
-    if not eps < 1.0:
-        raise ValueError(f"eps must lie in (0, 1), got {eps!r}")
+    eps = _number(eps, "eps", _OPEN_UNIT)
     if zero_mode not in ZERO_MODES:
         raise ValueError(f"zero_mode must be one of {ZERO_MODES}, got {zero_mode!r}")
     _check_logits_labels(logits, labels)

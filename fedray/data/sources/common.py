@@ -1,10 +1,9 @@
 """Helpers shared by the source families of :mod:`fedray.data.sources`: the bundle builder,
-fingerprints, parameter readers, embedded-file lookup and the decoded image-folder reader."""
+fingerprints, the list-of-names reader, embedded-file lookup and the decoded image-folder reader."""
 
 from __future__ import annotations
 
 import importlib.util
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,48 +126,6 @@ def _err(source: str, msg: str) -> DataError:
     return DataError(f"source {source!r}: {msg}")
 
 
-def _as_int(source: str, key: str, value: Any, lo: int | None = None, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            value = int(value)
-        else:
-            raise _err(source, f"parameter {key} must be an integer, got {value!r}")
-    value = int(value)
-    if lo is not None and value < lo:
-        raise _err(source, f"parameter {key} must be >= {lo}, got {value}")
-    return value
-
-
-def _as_float(source: str, key: str, value: Any, lo: float | None = None, hi: float | None = None,
-              allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        out = float(value)
-    except (TypeError, ValueError):
-        raise _err(source, f"parameter {key} must be a number, got {value!r}") from None
-    if not math.isfinite(out) or (lo is not None and out < lo) or (hi is not None and out > hi):
-        rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-        raise _err(source, f"parameter {key} must be a finite number in {rng}, got {value!r}")
-    return out
-
-
-def _as_bool(source: str, key: str, value: Any) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-        return value.lower() in ("true", "yes", "1")
-    raise _err(source, f"parameter {key} must be true or false, got {value!r}")
-
-
 def _as_names(source: str, key: str, value: Any) -> list[str] | None:
     """None, a list of names or a comma-separated string; duplicates are rejected."""
     if value is None:
@@ -182,10 +139,6 @@ def _as_names(source: str, key: str, value: Any) -> list[str] | None:
     if dup:
         raise _err(source, f"parameter {key} lists {dup} more than once")
     return names
-
-
-def _as_size(source: str, key: str, value: Any, allow_none: bool = True) -> int | None:
-    return _as_int(source, key, value, lo=1, allow_none=allow_none)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,10 +13,7 @@ from ..table import DataBundle
 from .common import (
     SPLIT_SEED,
     TEST_FRACTION,
-    _as_bool,
-    _as_int,
     _as_names,
-    _as_size,
     _bundle,
     _decode_bundle,
     _err,
@@ -104,8 +101,7 @@ def _digits_domains(root, *, domains, max_per_domain, disjoint) -> DataBundle:
     unknown = [d for d in names if d not in DIGIT_DOMAINS]
     if unknown:
         raise _err(src, f"unknown domain(s) {unknown} (known: {', '.join(DIGIT_DOMAINS)})")
-    cap = _as_int(src, "max_per_domain", max_per_domain, lo=2, allow_none=True)
-    disjoint = _as_bool(src, "disjoint", disjoint)
+    cap = max_per_domain
 
     need_mnist = any(d in _MNIST_DOMAINS for d in names)
     if need_mnist:
@@ -160,9 +156,7 @@ _DOMAIN_LAYOUT = ("root/<domain>/<class>/*.{png,jpg,jpeg} (a fixed stratified 80
 
 def _domain_folders(src: str, root: Path, *, domains, classes, image_size, max_per_domain, cache) -> DataBundle:
     """Shared loader of the image-folder domain datasets (Digit-5, Office-10, DomainNet)."""
-    size = _as_size(src, "image_size", image_size, allow_none=False)
-    cap = _as_int(src, "max_per_domain", max_per_domain, lo=2, allow_none=True)
-    cache = _as_bool(src, "cache", cache)
+    size, cap = image_size, max_per_domain
     wanted = _as_names(src, "classes", classes)
     available = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     names = _as_names(src, "domains", domains) or available

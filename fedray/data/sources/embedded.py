@@ -12,9 +12,6 @@ from ..table import DataBundle, DataError
 from .common import (
     SPLIT_SEED,
     TEST_FRACTION,
-    _as_bool,
-    _as_float,
-    _as_int,
     _bundle,
     _err,
     _fingerprint,
@@ -59,7 +56,7 @@ def _mnist5k_arrays(cache: bool = True) -> dict[str, np.ndarray]:
 
 
 def _mnist5k(root, *, cache) -> DataBundle:
-    a = _mnist5k_arrays(_as_bool("mnist5k", "cache", cache))
+    a = _mnist5k_arrays(cache)
     x = a["x"].reshape(-1, 1, 28, 28)
     y = a["y"]
     tr, te = a["train"], a["test"]
@@ -87,7 +84,6 @@ def _digits_images(size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _digits(root, *, size) -> DataBundle:
-    size = _as_int("digits", "size", size)
     if size not in (8, 28):
         raise _err("digits", f"parameter size must be 8 or 28, got {size}")
     x, y = _digits_images(size)
@@ -122,19 +118,8 @@ def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_clas
     depend on how many clients follow it, and generation is vectorised per chunk.
     """
     src = "synthetic"
-    k = _as_int(src, "num_clients", num_clients, lo=1)
-    alpha = _as_float(src, "alpha", alpha, lo=0.0)
-    beta = _as_float(src, "beta", beta, lo=0.0)
-    iid = _as_bool(src, "iid", iid)
-    seed = _as_int(src, "seed", seed, lo=0)
-    d = _as_int(src, "dimension", dimension, lo=1)
-    c = _as_int(src, "num_classes", num_classes, lo=2)
-    sigma = _as_float(src, "size_sigma", size_sigma, lo=0.0)
-    min_n = _as_int(src, "min_samples", min_samples, lo=1)
-    mean_n = _as_float(src, "samples_per_client_mean", samples_per_client_mean, lo=0.0, allow_none=True)
-    cap = _as_int(src, "max_samples_per_client", max_samples_per_client, lo=1, allow_none=True)
-    frac = _as_float(src, "train_fraction", train_fraction, lo=0.0, hi=1.0)
-    max_total = _as_int(src, "max_total_samples", max_total_samples, lo=1)
+    k, d, c, sigma, min_n = num_clients, dimension, num_classes, size_sigma, min_samples
+    mean_n, cap, frac, max_total = samples_per_client_mean, max_samples_per_client, train_fraction, max_total_samples
     if cap is not None and cap < min_n:
         raise _err(src, f"max_samples_per_client={cap} is below min_samples={min_n}")
     if mean_n is None:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..formats import files_signature, load_pickle, read_idx, scan_class_folders
 from ..table import DataBundle, DataError
-from .common import _as_bool, _as_size, _bundle, _decode_bundle, _err, _FileSplits, _fingerprint
+from .common import _bundle, _decode_bundle, _err, _FileSplits, _fingerprint
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,8 +178,7 @@ def _tiny_imagenet(root: Path, *, image_size, cache) -> DataBundle:
     """Tiny-ImageNet: classes are the wnids of ``wnids.txt`` in sorted order (as an image-folder
     reader of ``train/`` numbers them); the labelled ``val`` split is the test split."""
     src = "tiny-imagenet"
-    size = _as_size(src, "image_size", image_size)
-    cache = _as_bool(src, "cache", cache)
+    size = image_size
     base = _find_dir(root, "tiny-imagenet-200", "wnids.txt", src, _TINY_LAYOUT)
     wnids = sorted({w.strip() for w in (base / "wnids.txt").read_text().split() if w.strip()})
     if not wnids:
@@ -224,9 +223,7 @@ _CINIC_LAYOUT = "train/<class>/*.png, valid/<class>/*.png, test/<class>/*.png (r
 
 def _cinic10(root: Path, *, include_valid, image_size, cache) -> DataBundle:
     src = "cinic10"
-    include_valid = _as_bool(src, "include_valid", include_valid)
-    size = _as_size(src, "image_size", image_size)
-    cache = _as_bool(src, "cache", cache)
+    size = image_size
     base = next((d for d in (root, root / "CINIC-10", root / "cinic-10") if (d / "train").is_dir() and (d / "test").is_dir()), None)
     if base is None:
         raise _err(src, f"no train/ and test/ folders in {str(root)!r}; expected {_CINIC_LAYOUT}")

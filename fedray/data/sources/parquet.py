@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from ..formats import cached_arrays, decode_images, digest, files_signature, stratified_split
 from ..table import META_KEY, DataBundle, DataError, DatasetMeta
-from .common import SPLIT_SEED, TEST_FRACTION, _as_bool, _as_int, _as_names, _as_size, _bundle, _err, _fingerprint
+from .common import SPLIT_SEED, TEST_FRACTION, _as_names, _bundle, _err, _fingerprint
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,11 +325,7 @@ def _parquet(root: Path | None, *, path, train_path, test_path, image_column, la
     (integers 0..255 -> uint8, floats -> float32). Class and domain names come from ``classes``,
     Hugging Face ``ClassLabel`` metadata, the sorted distinct strings of a string column, or 0..max."""
     src = "parquet"
-    size = _as_size(src, "image_size", image_size)
-    channels = _as_int(src, "channels", channels, allow_none=True)
-    if channels not in (None, 1, 3):
-        raise _err(src, f"parameter channels must be 1 or 3, got {channels}")
-    cache = _as_bool(src, "cache", cache)
+    size = image_size
     wanted_classes = _as_names(src, "classes", classes)
 
     tr_files, te_files, base, where = _locate(root, path, train_path, test_path)
