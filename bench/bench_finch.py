@@ -1,4 +1,4 @@
-"""Benchmark FINCH (fedray.cluster.finch) on clustered 128-D data.
+"""Benchmark FINCH (fedray.clustering.finch) on clustered 128-D data.
 
 Prints, for 1k, 10k and 50k points: wall time, peak traced memory during the call (tracemalloc sees every
 numpy buffer, including the matmul tiles, which torch writes into numpy-allocated arrays), the process's peak
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedray.cluster import finch  # noqa: E402
+from fedray.clustering import finch  # noqa: E402
 
 
 def clustered_data(n: int, dim: int, n_centers: int, seed: int = 0) -> np.ndarray:

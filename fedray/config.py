@@ -28,9 +28,8 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message starts with the dotted name of the field."""
+from fedray.core.errors import ConfigError  # defined in the floor package; importable from here as ever
+from fedray.core.params import ParamSpec, check_value
 
 
 class _Loader(yaml.SafeLoader):
@@ -341,11 +340,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
+_POSITIVE = ParamSpec(None, "a number > 0 (or unset)", gt=0, nullable=True)
+_NON_NEGATIVE = ParamSpec(None, "a number >= 0 (or unset)", ge=0, nullable=True)
+_PARTITION_CONCENTRATION = ParamSpec(None, "a Dirichlet concentration", float, gt=0)
+
+
 def _positive(path: str, value, allow_zero=False):
-    if value is None:
-        return
-    if (value < 0) if allow_zero else (value <= 0):
-        raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    check_value(value, _NON_NEGATIVE if allow_zero else _POSITIVE, path, ConfigError)
 
 
 def validate_config(cfg: ExperimentConfig) -> None:
@@ -370,8 +371,8 @@ def validate_config(cfg: ExperimentConfig) -> None:
             f"data.partition.num_clients={p.num_clients} clients"
         )
     for k in ("alpha", "beta"):
-        if k in p.params and (not isinstance(p.params[k], (int, float)) or p.params[k] <= 0):
-            raise ConfigError(f"data.partition.params.{k}: must be > 0, got {p.params[k]!r}")
+        if k in p.params:
+            check_value(p.params[k], _PARTITION_CONCENTRATION, f"data.partition.params.{k}", ConfigError)
     _positive("eval.every", cfg.eval.every)
     if not 0 <= cfg.eval.ema < 1:
         raise ConfigError(f"eval.ema: must be in [0, 1), got {cfg.eval.ema!r}")

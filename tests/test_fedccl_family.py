@@ -241,7 +241,7 @@ def test_global_signal_modes():
     assert clu.shape == (3, 8) and cls2.tolist() == [0, 1, 2]
     # two tight, far apart groups of unequal size: the clustered signal is the unweighted mean of FINCH's
     # cluster means (Eq. 15), the averaged one the size-weighted mean of the rows (Eq. 12)
-    from fedray.cluster import finch_means
+    from fedray.clustering import finch_means
 
     g = np.concatenate([np.tile([1.0, 0, 0], (6, 1)), np.tile([0, 1.0, 0], (2, 1))]).astype(np.float32)
     g += rng.normal(scale=1e-3, size=g.shape).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Tests for fedray.cluster.finch (FINCH clustering).
+"""Tests for fedray.clustering.finch (FINCH clustering).
 
 The vectorised implementation is checked against a deliberately plain one written here: O(N^2) Python loops
 for first neighbours, union-find for the link graph, the reference's dense A = (K + I)(K + I)^T for the
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.cluster import FinchResult, cluster_means, finch, finch_means, first_neighbors
+from fedray.clustering import FinchResult, cluster_means, finch, finch_means, first_neighbors
 
-finch_module = importlib.import_module("fedray.cluster.finch")
+graph_module = importlib.import_module("fedray.clustering.graph")  # tile sizes and link-graph helpers
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def test_finch_matches_loop_implementation(distance, n, dim, seed):
 def test_finch_matches_loop_on_clustered_data_with_tiny_tiles(monkeypatch, distance, seed):
     X, _ = blobs(30, 6, 10, seed, spread=0.2)
     expected = loop_finch(X, distance)
-    monkeypatch.setattr(finch_module, "_TILE_BYTES", 4 * 16 * 16)  # 16x16 tiles, many chunks in every pass
+    monkeypatch.setattr(graph_module, "_TILE_BYTES", 4 * 16 * 16)  # 16x16 tiles, many chunks in every pass
     assert_same(finch(X, distance=distance), expected)
 
 
@@ -222,10 +222,10 @@ def test_early_exit_matches_reference_weights(distance, seed):
 
 @pytest.mark.parametrize("pair_chunk", [7, 1 << 21])
 def test_shared_neighbor_pairs_cover_every_pair_once(monkeypatch, pair_chunk):
-    monkeypatch.setattr(finch_module, "_PAIR_CHUNK", pair_chunk)
+    monkeypatch.setattr(graph_module, "_PAIR_CHUNK", pair_chunk)
     rng = np.random.default_rng(0)
     kappa = np.concatenate([np.zeros(150, dtype=np.int64), rng.integers(150, 400, 250)])  # one hub of 150
-    got = [tuple(sorted(pq)) for p, q in finch_module._shared_neighbor_pairs(kappa) for pq in zip(p, q)]
+    got = [tuple(sorted(pq)) for p, q in graph_module._shared_neighbor_pairs(kappa) for pq in zip(p, q)]
     want = [(i, j) for i in range(400) for j in range(i + 1, 400) if kappa[i] == kappa[j]]
     assert len(got) == len(set(got)) and sorted(got) == want
 
@@ -321,7 +321,7 @@ def test_partition_structure_and_stopping_rule(seed):
 def test_deterministic_and_independent_of_tiling(monkeypatch):
     X, _ = blobs(50, 8, 12, 21, spread=0.25)
     a, b = finch(X), finch(X.copy())
-    monkeypatch.setattr(finch_module, "_TILE_BYTES", 4 * 23 * 23)
+    monkeypatch.setattr(graph_module, "_TILE_BYTES", 4 * 23 * 23)
     c = finch(X)
     for other in (b, c):
         assert other.num_clusters == a.num_clusters

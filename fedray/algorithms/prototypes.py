@@ -143,7 +143,7 @@ def clustered_means(feats: np.ndarray, labels: np.ndarray, mode: str = "clustere
 
     Returns ``(vectors (m, D) float32, their classes (m,) int64)``.
     """
-    from fedray.cluster import finch_means
+    from fedray.clustering import finch_means
 
     if mode == "averaged":
         return class_means(feats, labels)

@@ -29,12 +29,13 @@ whose sizes do not divide the data) drop the remainder; each one documents which
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from fedray.core.params import ParamSpec, check_params, check_value
 
 from .table import DataError
 
@@ -50,14 +51,6 @@ __all__ = [
 
 # ----------------------------------------------------------------------------------------------
 # registry types
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One partitioner parameter: its default and a one-line description."""
-
-    default: Any
-    doc: str
 
 
 @dataclass(frozen=True)
@@ -85,6 +78,10 @@ class PartitionerSpec:
 # parameter validation helpers
 
 
+PARAMS_PATH = "data.partition.params"  # where the parameters live in an experiment config (named in errors)
+_ALPHA = ParamSpec(None, "a concentration", float, gt=0)
+
+
 def _err(name: str, msg: str) -> DataError:
     return DataError(f"partition {name!r}: {msg}")
 
@@ -94,39 +91,12 @@ def _positive_alpha(pname: str, value: Any, n: int | None = None, *, param: str 
     if isinstance(value, (list, tuple, np.ndarray)):
         arr = np.asarray(value, dtype=np.float64)
         if n is None or arr.shape != (n,):
-            raise _err(pname, f"{param} must be a positive number{'' if n is None else f' or a list of {n} positive numbers'}, got {value!r}")
+            raise _err(pname, f"{PARAMS_PATH}.{param}: must be a positive number"
+                              f"{'' if n is None else f' or a list of {n} positive numbers'}, got {value!r}")
         if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-            raise _err(pname, f"{param} must be > 0 everywhere, got {value!r}")
+            raise _err(pname, f"{PARAMS_PATH}.{param}: must be > 0 everywhere, got {value!r}")
         return arr
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise _err(pname, f"{param} must be a positive number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v <= 0:
-        raise _err(pname, f"{param} must be > 0, got {value!r}")
-    return v
-
-
-def _int_param(pname: str, param: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        if isinstance(value, (float, np.floating)) and float(value).is_integer():
-            value = int(value)
-        else:
-            raise _err(pname, f"{param} must be an integer >= {minimum}, got {value!r}")
-    if int(value) < minimum:
-        raise _err(pname, f"{param} must be >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _bool_param(pname: str, param: str, value: Any) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise _err(pname, f"{param} must be true or false, got {value!r}")
-
-
-def _choice_param(pname: str, param: str, value: Any, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise _err(pname, f"{param} must be one of {list(choices)}, got {value!r}")
-    return str(value)
+    return check_value(value, _ALPHA, f"{PARAMS_PATH}.{param}", lambda msg: _err(pname, msg))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -422,7 +392,8 @@ def _natural(labels, num_clients, seed, domains, natural, *, allow_fewer):
     return _split_by_owner(owner, num_clients)
 
 
-_ATTEMPTS = ParamSpec(100, "redraws allowed to satisfy min_partition_size before failing")
+_ATTEMPTS = ParamSpec(100, "redraws allowed to satisfy min_partition_size before failing", int, ge=1)
+_MIN_SIZE = ParamSpec(0, "redraw until every client has at least this many rows (0 = never)", int, ge=0)
 
 PARTITIONERS: dict[str, PartitionerSpec] = {
     spec.name: spec
@@ -431,16 +402,18 @@ PARTITIONERS: dict[str, PartitionerSpec] = {
             "iid",
             _iid,
             _iid.__doc__,
-            {"remainder": ParamSpec("drop", "'drop' (equal sizes floor(M/N)) or 'spread' (first M mod N clients get one more)")},
+            {"remainder": ParamSpec("drop", "'drop' (equal sizes floor(M/N)) or 'spread' (first M mod N clients get one more)",
+                                   choices=("drop", "spread"))},
         ),
         PartitionerSpec(
             "dirichlet",
             _dirichlet,
             _dirichlet.__doc__,
             {
+                # a number or a list: checked by _positive_alpha
                 "alpha": ParamSpec(0.3, "Dirichlet concentration (> 0), a number or one value per client"),
-                "min_partition_size": ParamSpec(0, "redraw until every client has at least this many rows (0 = never)"),
-                "self_balancing": ParamSpec(False, "give proportion 0 to clients already holding more than M/N rows"),
+                "min_partition_size": _MIN_SIZE,
+                "self_balancing": ParamSpec(False, "give proportion 0 to clients already holding more than M/N rows", bool),
                 "max_attempts": _ATTEMPTS,
             },
             allows_empty=True,
@@ -449,21 +422,22 @@ PARTITIONERS: dict[str, PartitionerSpec] = {
             "balanced_dirichlet",
             _balanced_dirichlet,
             _balanced_dirichlet.__doc__,
-            {"alpha": ParamSpec(0.3, "Dirichlet concentration (> 0) of each client's class weights")},
+            {"alpha": ParamSpec(0.3, "Dirichlet concentration (> 0) of each client's class weights", float, gt=0)},
         ),
         PartitionerSpec(
             "shards",
             _shards,
             _shards.__doc__,
-            {"shards_per_client": ParamSpec(2, "gamma: class-sorted shards per client")},
+            {"shards_per_client": ParamSpec(2, "gamma: class-sorted shards per client", int, ge=1)},
         ),
         PartitionerSpec(
             "classes_per_client",
             _classes_per_client,
             _classes_per_client.__doc__,
             {
-                "classes": ParamSpec(2, "alpha: number of classes each client holds"),
-                "assignment": ParamSpec("first-deterministic", "'first-deterministic', 'deterministic' or 'random'"),
+                "classes": ParamSpec(2, "alpha: number of classes each client holds", int, ge=1),
+                "assignment": ParamSpec("first-deterministic", "'first-deterministic', 'deterministic' or 'random'",
+                                        choices=("first-deterministic", "deterministic", "random")),
             },
         ),
         PartitionerSpec(
@@ -471,8 +445,8 @@ PARTITIONERS: dict[str, PartitionerSpec] = {
             _dirichlet_sizes,
             _dirichlet_sizes.__doc__,
             {
-                "alpha": ParamSpec(0.5, "Dirichlet concentration (> 0) over client sizes"),
-                "min_partition_size": ParamSpec(0, "redraw until every client has at least this many rows (0 = never)"),
+                "alpha": ParamSpec(0.5, "Dirichlet concentration (> 0) over client sizes", float, gt=0),
+                "min_partition_size": _MIN_SIZE,
                 "max_attempts": _ATTEMPTS,
             },
         ),
@@ -481,9 +455,10 @@ PARTITIONERS: dict[str, PartitionerSpec] = {
             _domain,
             _domain.__doc__,
             {
-                "clients_per_domain": ParamSpec(1, "clients drawn from each domain"),
-                "balance": ParamSpec("balanced", "'balanced' (equal sizes) or 'imbalanced' (Dirichlet sizes)"),
-                "alpha": ParamSpec(0.5, "Dirichlet concentration (> 0) of the imbalanced sizes"),
+                "clients_per_domain": ParamSpec(1, "clients drawn from each domain", int, ge=1),
+                "balance": ParamSpec("balanced", "'balanced' (equal sizes) or 'imbalanced' (Dirichlet sizes)",
+                                     choices=("balanced", "imbalanced")),
+                "alpha": ParamSpec(0.5, "Dirichlet concentration (> 0) of the imbalanced sizes", float, gt=0),
             },
             needs="domains",
         ),
@@ -491,7 +466,7 @@ PARTITIONERS: dict[str, PartitionerSpec] = {
             "natural",
             _natural,
             _natural.__doc__,
-            {"allow_fewer": ParamSpec(True, "accept num_clients below the number of natural ids (use the first N)")},
+            {"allow_fewer": ParamSpec(True, "accept num_clients below the number of natural ids (use the first N)", bool)},
             needs="natural",
         ),
     ]
@@ -499,30 +474,23 @@ PARTITIONERS: dict[str, PartitionerSpec] = {
 
 
 def _validate_params(name: str, params: dict[str, Any], num_clients: int, m: int | None) -> dict[str, Any]:
-    """Type/range checks for the parameters of partitioner ``name`` (defaults already merged).
+    """Type/range checks for the parameters of partitioner ``name`` (defaults already merged), by the
+    :class:`ParamSpec` table of the partitioner (plus ``dirichlet``'s per-client alpha vector).
 
     Returns the parameters coerced to canonical Python types (floats, ints, bools, strings, lists);
     the feasibility of ``min_partition_size`` is checked only when the number of rows ``m`` is given.
     """
-    out = dict(params)
-    for key, value in params.items():
-        if key == "alpha":
-            out[key] = _positive_alpha(name, value, num_clients if name == "dirichlet" else None)
-        elif key in ("min_partition_size",):
-            out[key] = _int_param(name, key, value, minimum=0)
-        elif key in ("shards_per_client", "classes", "clients_per_domain", "max_attempts"):
-            out[key] = _int_param(name, key, value, minimum=1)
-        elif key in ("self_balancing", "allow_fewer"):
-            out[key] = _bool_param(name, key, value)
-        elif key == "remainder":
-            out[key] = _choice_param(name, key, value, ("drop", "spread"))
-        elif key == "balance":
-            out[key] = _choice_param(name, key, value, ("balanced", "imbalanced"))
-        elif key == "assignment":
-            out[key] = _choice_param(name, key, value, ("first-deterministic", "deterministic", "random"))
+    out = _check_given(name, params)
+    if name == "dirichlet" and "alpha" in out:
+        out["alpha"] = _positive_alpha(name, out["alpha"], num_clients)
     if "min_partition_size" in out and m is not None:
         _check_min_size(name, out["min_partition_size"], num_clients, m)
     return out
+
+
+def _check_given(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Unknown keys and the values of ``params`` checked against partitioner ``name``'s table (no defaults)."""
+    return check_params(params, PARTITIONERS[name].params, PARAMS_PATH, lambda msg: _err(name, msg), fill_defaults=False)
 
 
 def canonical_params(name: str, params: dict[str, Any], *, num_clients: int) -> dict[str, Any]:
@@ -534,9 +502,7 @@ def canonical_params(name: str, params: dict[str, Any], *, num_clients: int) -> 
     if name not in PARTITIONERS:
         raise DataError(f"unknown partitioner {name!r}; known partitioners: {sorted(PARTITIONERS)}")
     spec = PARTITIONERS[name]
-    unknown = sorted(set(params) - set(spec.params))
-    if unknown:
-        raise _err(name, f"unknown parameter(s) {unknown}; accepted: {sorted(spec.params)}")
+    _check_given(name, params)
     merged = spec.defaults()
     merged.update(params)
     out = _validate_params(name, merged, num_clients, None)
@@ -564,9 +530,7 @@ def partition_indices(
     if name not in PARTITIONERS:
         raise DataError(f"unknown partitioner {name!r}; known partitioners: {sorted(PARTITIONERS)}")
     spec = PARTITIONERS[name]
-    unknown = sorted(set(params) - set(spec.params))
-    if unknown:
-        raise _err(name, f"unknown parameter(s) {unknown}; accepted: {sorted(spec.params)}")
+    _check_given(name, params)
     if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
         raise _err(name, f"num_clients must be an integer >= 1, got {num_clients!r}")
     num_clients = int(num_clients)

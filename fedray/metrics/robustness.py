@@ -26,6 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedray.core.errors import ConfigError
+from fedray.core.params import ParamSpec, check_params, defaults
+
 __all__ = [
     "PixelSpace",
     "fgsm_attack",
@@ -35,6 +38,7 @@ __all__ = [
     "robustness_report",
     "validate_adversarial_spec",
     "ADVERSARIAL_DEFAULTS",
+    "ADVERSARIAL_PARAMS",
 ]
 
 
@@ -201,47 +205,25 @@ def pgd_accuracy(model, images, labels, eps: float, *, steps: int = 20, alpha: f
 
 
 # ----------------------------------------------------------------------------------------- eval hook
-ADVERSARIAL_DEFAULTS = {"eps": 0.1, "pgd_steps": 20, "pgd_alpha": None, "random_start": False, "every": 0,
-                        "max_samples": None}
+ADVERSARIAL_PARAMS = {
+    "eps": ParamSpec(0.1, "pixel-space L-inf radius", float, ge=0),
+    "pgd_steps": ParamSpec(20, "PGD steps", int, ge=1),
+    "pgd_alpha": ParamSpec(None, "PGD step size (null: 2.5*eps/steps)", float, gt=0, nullable=True),
+    "random_start": ParamSpec(False, "PGD starts at a uniform point of the eps-ball", bool),
+    "every": ParamSpec(0, "evaluate every k rounds (0: only the last round)", int, ge=0),
+    "max_samples": ParamSpec(None, "evaluate the first n test samples (null: all)", int, ge=1, nullable=True),
+}
+ADVERSARIAL_DEFAULTS = defaults(ADVERSARIAL_PARAMS)
 
 
 def validate_adversarial_spec(spec: dict, path: str = "eval.adversarial") -> dict:
-    """Check an ``eval.adversarial`` mapping and return it with defaults filled in.
+    """Check an ``eval.adversarial`` mapping and return it with defaults filled in (:data:`ADVERSARIAL_PARAMS`).
 
     Keys: ``eps`` (pixel-space L∞ radius, default 0.1; FedCCL states none), ``pgd_steps`` (20),
     ``pgd_alpha`` (null: 2.5·eps/steps), ``random_start`` (false), ``every`` (evaluate every k rounds; 0 = only the last round),
-    ``max_samples`` (null: the whole test set). Raises :class:`~fedray.config.ConfigError` naming the key.
+    ``max_samples`` (null: the whole test set). Raises :class:`~fedray.core.errors.ConfigError` naming the key.
     """
-    from fedray.config import ConfigError
-
-    unknown = sorted(set(spec) - set(ADVERSARIAL_DEFAULTS))
-    if unknown:
-        raise ConfigError(f"{path}.{unknown[0]}: unknown key (known: {', '.join(sorted(ADVERSARIAL_DEFAULTS))})")
-    out = {**ADVERSARIAL_DEFAULTS, **spec}
-
-    def number(key, allow_none=False, positive=False):
-        v = out[key]
-        if v is None and allow_none:
-            return
-        bad = isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-        if bad or v < 0 or (positive and v == 0):
-            raise ConfigError(f"{path}.{key}: must be a number {'> 0' if positive else '>= 0'}, got {v!r}")
-
-    def integer(key, minimum, allow_none=False):
-        v = out[key]
-        if v is None and allow_none:
-            return
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ConfigError(f"{path}.{key}: must be an integer >= {minimum}, got {v!r}")
-
-    number("eps")
-    number("pgd_alpha", allow_none=True, positive=True)
-    integer("pgd_steps", 1)
-    integer("every", 0)
-    integer("max_samples", 1, allow_none=True)
-    if not isinstance(out["random_start"], bool):
-        raise ConfigError(f"{path}.random_start: expected true/false, got {out['random_start']!r}")
-    return out
+    return check_params(spec, ADVERSARIAL_PARAMS, path, ConfigError)
 
 
 def robustness_due(spec: dict, rnd: int, last: bool) -> bool:

