@@ -46,12 +46,12 @@ from typing import Any
 import numpy as np
 
 from fedray.apps.probes import GpuSampler, ObjectStoreProbe
+from fedray.apps.scale_plots import AXES, write_plots
 from fedray.config import ConfigError, apply_overrides, from_dict, read_config_file
 from fedray.core.io import atomic_writer
 from fedray.core.procinfo import proc_memory_mb
 from fedray.core.ray_env import ensure_ray
 
-AXES = ("population", "clients_per_round", "num_workers", "multi_client")
 _AXIS_DEFAULTS = {"population": None, "clients_per_round": None, "num_workers": 2, "multi_client": 1}
 _SCALE_KEYS = {"name", "base", "experiment", "overrides", "rounds", "output", "ray", "defaults", "sweep", "sweeps"}
 
@@ -465,8 +465,6 @@ def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[di
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
     import yaml
-
-    from fedray.apps.scale_plots import write_plots  # imports AXES from here
 
     out = spec.output
     out.mkdir(parents=True, exist_ok=True)

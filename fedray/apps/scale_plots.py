@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedray.apps.scale import AXES
+#: the swept axes of a scale sweep (fedray.apps.scale), in table order
+AXES = ("population", "clients_per_round", "num_workers", "multi_client")
 
 
 def _groups(rows: list[dict], axis: str) -> dict[tuple, list[dict]]:
