@@ -7,7 +7,7 @@ Same configuration everywhere: ``jobs/configs/scala_mnist.yaml`` (mnist5k, 100 c
 
 - ``fedray ray, N workers``: ``engine.backend: ray``, ``engine.num_workers: N``, 1 torch thread per worker;
   client-side parts on the workers, the server-side part on the coordinator actor, activations and
-  gradient rows through Ray once per local iteration (fedray/engine/split.py);
+  gradient rows through Ray once per local iteration (fedray/engine/programs/split.py);
 - ``fedray local``: ``engine.backend: local`` (in-process pool, same program, no Ray);
 - ``one-process loop``: a hand-written plain-PyTorch SCALA loop doing the same arithmetic (same sampled
   clients, the same ``B_k``, iterations and model; minibatches drawn the same way but not bit-matched):
@@ -104,7 +104,7 @@ def run_loop(rounds: int, workdir: Path) -> dict:
     """SCALA in plain PyTorch, one process, one thread (same data, clients, B_k and model as fedray)."""
     from fedray.data.loader import to_float
     from fedray.engine.runner import prepare_data
-    from fedray.engine.split import batch_plan, batch_sizes
+    from fedray.engine.split_layout import batch_plan, batch_sizes
     from fedray.losses import label_prior, logit_adjusted_ce
     from fedray.models.registry import build_model
 

@@ -27,7 +27,7 @@ def _dry_run(args) -> int:
 
     from fedray.config import dump_config, load_config
     from fedray.engine.runner import default_run_name
-    from tuning.study import _check_registries  # the names checks `fedray run` and `fedray tune` make first
+    from fedray.plugins import check_registries  # the names checks `fedray run` and `fedray tune` make first
 
     if args.resume or not args.config:
         print("fedray run: --dry-run needs a CONFIG file (not --resume)", file=sys.stderr)
@@ -35,7 +35,7 @@ def _dry_run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.output_dir:
         cfg.output.root = args.output_dir
-    _check_registries(cfg, args.config)
+    check_registries(cfg, args.config)
     print(dump_config(cfg), end="")
     print(f"run directory: {Path(cfg.output.root) / default_run_name(cfg)}")
     print("fedray run: --dry-run: nothing was run or written", file=sys.stderr)

@@ -137,7 +137,7 @@ class EngineConfig:
     over_selection: float = 0.0  # straggler handling: sample ceil((1+x)K) clients, keep the first K done
     round_deadline_s: float | None = None  # straggler handling: aggregate what finished by the deadline
     object_store_memory: int | None = None  # bytes, only when fedray starts a local Ray
-    fault_injection: dict[str, Any] = field(default_factory=dict)  # testing aid, see engine.faults
+    fault_injection: dict[str, Any] = field(default_factory=dict)  # testing aid, see fedray/engine/faults.py
     # clients trained at once per worker with stacked parameters (fedray.engine.client.grouped); 1 = one at a time.
     # Changes float results (within tolerance), so it is hashed.
     multi_client: int = 1
@@ -350,7 +350,7 @@ def _positive(path: str, value, allow_zero=False):
 
 
 def validate_config(cfg: ExperimentConfig) -> None:
-    """Checks that do not need the data or the registries loaded (those are checked in ``resolve``)."""
+    """Checks that do not need the data or the registries loaded (those run in engine.runner.setup_run)."""
     t = cfg.train
     p = cfg.data.partition
     _positive("train.rounds", t.rounds)

@@ -53,6 +53,7 @@ from typing import Any
 import yaml
 
 from fedray.config import ConfigError, ExperimentConfig, apply_overrides, from_dict, read_config_file
+from fedray.plugins import check_registries as _check_registries
 
 #: metrics computed by the runner from the whole run (anything else is a per-round key)
 DERIVED_METRICS = ("accuracy", "ema_accuracy", "mean_last5", "bytes_total")
@@ -605,27 +606,6 @@ def _check_free_key(path: str, owner: str, cfg: ExperimentConfig) -> None:
     if known is not None and key not in known:
         raise ConfigError(f"params.{path}: unknown parameter path: {what} has no parameter {key!r} "
                           f"(known: {', '.join(sorted(known)) or 'none'})")
-
-
-def _check_registries(cfg: ExperimentConfig, where: str) -> None:
-    from fedray.algorithms import build_algorithm, build_server_optimizer
-    from fedray.data.sources import SOURCES
-    from fedray.models import MODELS
-
-    try:
-        build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
-        build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
-        if cfg.model.name not in MODELS:
-            raise ConfigError(f"model.name: unknown model {cfg.model.name!r} (known: {', '.join(sorted(MODELS))})")
-        opts = MODELS[cfg.model.name].options
-        bad = sorted(set(cfg.model.params) - set(opts))
-        if bad:
-            raise ConfigError(f"model.params.{bad[0]}: unknown option of model {cfg.model.name!r} "
-                              f"(known: {', '.join(sorted(opts))})")
-        if cfg.data.source not in SOURCES:
-            raise ConfigError(f"data.source: unknown source {cfg.data.source!r} (known: {', '.join(sorted(SOURCES))})")
-    except ConfigError as e:
-        raise ConfigError(f"{where}: {e}") from None
 
 
 def _build(data: dict, where: str) -> ExperimentConfig:

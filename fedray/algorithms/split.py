@@ -2,7 +2,7 @@
 
 The model is cut at a split point (``algorithm.params.split_point``, default the model's
 ``default_split``; ``alexnet_split`` cuts after its first 6 layers) into a client-side part h(w_c) and a
-server-side part f(w_s). The engine's split round program (:mod:`fedray.engine.split`) runs, per round:
+server-side part f(w_s). The engine's split round program (:mod:`fedray.engine.programs.split`) runs, per round:
 
 1. sample clients (the federated sampler), per-client batch sizes
    ``B_k = max(1, floor(B * |D_k| / sum_j |D_j|))`` (capped at ``|D_k|``), ``B = params.batch_size``;

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedray.algorithms import build_algorithm, build_server_optimizer
 from fedray.config import ConfigError, ExperimentConfig, config_hash, dump_config, load_config
 from fedray.core.io import atomic_write_bytes, atomic_write_text
 from fedray.core.ray_env import ensure_ray
-from fedray.data.sources import SOURCES, load_source
+from fedray.data.sources import load_source
 from fedray.data.store import build_partition
 from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard
 from fedray.engine.client.grouped import check_multi_client
@@ -33,7 +32,7 @@ from fedray.engine.faults import FaultInjector
 from fedray.engine.pool import RayPool, default_num_workers
 from fedray.engine.replica import worker_spec
 from fedray.engine.state import ClientStateStore
-from fedray.models import MODELS
+from fedray.plugins import check_registries
 from fedray.reporting.rundir import RunDir
 
 __all__ = ["Engine", "RoundLoop", "Run", "RunResult", "default_run_name", "finish_run", "prepare_data",
@@ -105,15 +104,6 @@ class Run:
         return str(self.rd.state_path)
 
 
-def _check_registries(cfg: ExperimentConfig) -> None:
-    build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
-    build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
-    if cfg.model.name not in MODELS:
-        raise ConfigError(f"model.name: unknown model {cfg.model.name!r} (known: {', '.join(sorted(MODELS))})")
-    if cfg.data.source not in SOURCES:
-        raise ConfigError(f"data.source: unknown source {cfg.data.source!r} (known: {', '.join(sorted(SOURCES))})")
-
-
 def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None) -> Run:
     """Checks before any work, then the data and the run directory (``run.json`` status ``running``)."""
     t_start = time.perf_counter()
@@ -124,7 +114,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None) ->
         cfg = load_config(rd.path / "config.yaml")
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
-    _check_registries(cfg)
+    check_registries(cfg)
     bundle, store = prepare_data(cfg)
     if int(cfg.engine.multi_client) > 1:  # refuse unsupported algorithms / models before any engine work
         check_multi_client(cfg, store.meta)
