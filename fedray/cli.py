@@ -306,6 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, FileNotFoundError) as e:
         print(f"fedray {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from fedray.engine.dispatch import RoundAborted, RunAborted
+
+        if not isinstance(e, (RoundAborted, RunAborted)):
+            raise
+        cause = getattr(e, "cause", None) or e  # a Ray task error keeps the coordinator's exception as its cause
+        print(f"fedray {args.command}: run failed: {cause}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -132,6 +132,9 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     max_client_retries: int = 2  # a client failing more often than this in a round is dropped
     max_worker_restarts: int = 10  # per round, before the run fails
+    # largest fraction of a round's sampled clients that may be dropped (failed past their retries) before the
+    # run fails; 0 = strict: any dropped client fails the run. A round with no client left always fails.
+    max_dropped_fraction: float = 0.0
     reorder_window: int | None = None  # results held for the ordered fold; default 2 * workers * chunk
     chunk_size: int | None = None  # clients per worker task; default chosen from clients per round
     over_selection: float = 0.0  # straggler handling: sample ceil((1+x)K) clients, keep the first K done
@@ -191,6 +194,7 @@ _HASH_EXCLUDE = {
     "engine.object_store_memory",
     "engine.fault_injection",
     "engine.max_worker_restarts",
+    "engine.max_dropped_fraction",
     "data.cache_dir",
 }
 
@@ -393,6 +397,9 @@ def validate_config(cfg: ExperimentConfig) -> None:
     _positive("engine.over_selection", e.over_selection, allow_zero=True)
     _positive("engine.round_deadline_s", e.round_deadline_s, allow_zero=True)
     _positive("engine.max_client_retries", e.max_client_retries, allow_zero=True)
+    _positive("engine.max_dropped_fraction", e.max_dropped_fraction, allow_zero=True)
+    if e.max_dropped_fraction > 1:
+        raise ConfigError(f"engine.max_dropped_fraction: must be in [0, 1], got {e.max_dropped_fraction!r}")
     _positive("engine.multi_client", e.multi_client)
     if e.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")

@@ -83,7 +83,7 @@ class TensorBoard(Callback):
 
 class Checkpointer(Callback):
     """A checkpoint every ``every`` rounds, at the last round and when the loop stops early; on an
-    interruption, one for the last recorded round if it has none. Client-state versions no later round
+    interruption or a failure, one for the last recorded (good) round if it has none. Client-state versions no later round
     can read are pruned after each checkpoint."""
 
     def __init__(self, rundir: RunDir, every: int, keep: int, rounds: int, state_path, log=print):
@@ -106,7 +106,7 @@ class Checkpointer(Callback):
 
     def on_run_end(self, loop, interrupted):
         done = loop.result.rounds[-1]["round"] if loop.result.rounds else 0
-        if interrupted and done > self.last:
+        if (interrupted or loop.result.failed) and done > self.last:
             try:
                 self.rd.save_checkpoint(loop.engine.call("state_dict"), keep=self.keep)
             except Exception as e:  # noqa: BLE001

@@ -20,6 +20,7 @@ import numpy as np
 from fedray.algorithms import build_server_optimizer
 from fedray.core.procinfo import proc_status
 from fedray.core.weights import weights_hash
+from fedray.engine.dispatch import RunAborted
 from fedray.engine.pool import LocalPool, RayPool
 from fedray.engine.programs import program_for
 from fedray.engine.replica import Replica, coordinator_device, worker_spec
@@ -102,8 +103,18 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------- round
     def run_round(self, rnd: int) -> dict:
-        """Run round ``rnd`` with the program, take its new state, evaluate; the round's report."""
-        res = self.program.run_round(rnd, self.weights, self.algo_state)
+        """Run round ``rnd`` with the program, take its new state, evaluate; the round's report.
+
+        The state change is atomic: if the round fails (or is interrupted) anywhere, the coordinator keeps
+        the previous round's weights, algorithm state and server-optimizer state, so a checkpoint written
+        afterwards is the last good round's."""
+        opt_state = self.server_opt.state_dict()  # the program's server step updates it in place
+        try:
+            res = self.program.run_round(rnd, self.weights, self.algo_state)
+            _check_finite(rnd, res)
+        except BaseException:
+            self.server_opt.load_state_dict(opt_state)
+            raise
         self.weights, self.algo_state, self.round = res.weights, res.algo_state, rnd
         report = res.report
         secs = dict(res.seconds)
@@ -150,3 +161,15 @@ class Coordinator:
         return robustness_report(rp.model, self.test["images"], self.test["labels"], cfg.eval.adversarial,
                                  meta=rp.meta, normalize=bool(cfg.data.normalize),
                                  batch_size=int(cfg.eval.batch_size), device=rp.device, seed=int(cfg.seed))
+
+
+def _check_finite(rnd: int, res) -> None:
+    """A round whose model or training loss is NaN/inf cannot give a trustworthy number: stop the run."""
+    bad = int(res.weights.size - np.count_nonzero(np.isfinite(res.weights)))
+    if bad:
+        raise RunAborted(f"round {rnd}: the global model has {bad} non-finite values (NaN/inf) after aggregation; "
+                         f"the run stops at the last finite round (check train.lr, server.params, the loss)")
+    loss = res.report.get("loss")  # NaN is a client without a full batch (drop_last); inf is divergence
+    if loss is not None and math.isinf(float(loss)):
+        raise RunAborted(f"round {rnd}: the training loss is {loss}; the run stops at the last finite round "
+                         f"(check train.lr and the algorithm's parameters)")

@@ -14,6 +14,10 @@ What to do with a failure is decided in one place, :class:`FailurePolicy`, as a 
   resubmits the worker's whole task (pinned to that worker, flagged ``replay``). A client cannot be
   dropped half-way through a round: more than ``max_client_retries`` failures abort the round.
 - More than ``engine.max_worker_restarts`` worker replacements in one round abort the run.
+- A client error that is a configuration error (``outcome.fatal``) aborts the run at once: no retry fixes it.
+- After a federated round, more dropped clients than ``engine.max_dropped_fraction`` of the sampled ones
+  (default 0: any) abort the run, and so does a round in which every client was dropped
+  (:meth:`TaskScheduler.check_drops`): a model averaged over what happened to survive is not a result.
 """
 
 from __future__ import annotations
@@ -53,16 +57,24 @@ class FailurePolicy:
     max_client_retries: int
     max_worker_restarts: int
     can_drop: bool = True  # False: a client failing past its retries aborts the round
+    max_dropped_fraction: float = 1.0  # of a round's sampled clients (checked after the round)
 
     @classmethod
     def from_engine(cls, engine, *, can_drop: bool = True) -> FailurePolicy:
-        return cls(int(engine.max_client_retries), int(engine.max_worker_restarts), can_drop)
+        return cls(int(engine.max_client_retries), int(engine.max_worker_restarts), can_drop,
+                   float(getattr(engine, "max_dropped_fraction", 0.0)))
 
     def client_failed(self, attempts: int) -> FailureDecision:
         """A client has now failed ``attempts`` times in this round."""
         if attempts <= self.max_client_retries:
             return FailureDecision.RETRY
         return FailureDecision.DROP if self.can_drop else FailureDecision.ABORT_ROUND
+
+    def round_dropped(self, dropped: int, sampled: int) -> FailureDecision:
+        """``dropped`` of the round's ``sampled`` clients were dropped: can the round's result stand?"""
+        if dropped and (dropped >= sampled or dropped > self.max_dropped_fraction * sampled):
+            return FailureDecision.ABORT_RUN
+        return FailureDecision.RETRY
 
     def worker_lost(self, restarts: int) -> FailureDecision:
         """A worker died; ``restarts`` workers were already replaced in this round."""
@@ -94,6 +106,7 @@ class TaskScheduler:
         self.attempts: dict[int, int] = defaultdict(int)  # failed attempts per client id
         self.retries = 0
         self.dropped: list[int] = []
+        self.last_error: dict[int, str] = {}  # client id -> first line of its last error
         self.restarts0 = pool.restarts
         self._idle = list(range(pool.size))
         self._queue: list = []  # heap of (first position, sequence, task)
@@ -147,6 +160,16 @@ class TaskScheduler:
         self._queue.clear()
         return n
 
+    def check_drops(self, sampled: int) -> None:
+        """Abort the run when the round dropped more clients than the policy tolerates."""
+        n = len(self.dropped)
+        if self.policy.round_dropped(n, sampled) is FailureDecision.ABORT_RUN:
+            first = self.dropped[0]
+            raise RunAborted(
+                f"round {self.rnd}: {n} of {sampled} clients failed more than engine.max_client_retries="
+                f"{self.policy.max_client_retries} times and were dropped (engine.max_dropped_fraction="
+                f"{self.policy.max_dropped_fraction:g}); client {first}: {self.last_error.get(first, 'worker lost')}")
+
     def ledger_rows(self) -> list[dict]:
         return [r.as_dict() for r in self.ledger]
 
@@ -170,7 +193,13 @@ class TaskScheduler:
         for entry in held:
             heapq.heappush(self._queue, entry)
 
+    def _fatal(self, out) -> None:
+        if out.fatal:
+            raise RunAborted(f"round {self.rnd}: client {out.cid}: {out.error.splitlines()[0]} "
+                             f"(a configuration error; no retry can fix it)")
+
     def _failure_row(self, cid: int, failure: str, *, worker: str, seconds: float = 0.0, attempt: int) -> None:
+        self.last_error[int(cid)] = failure
         self.ledger.append(LedgerRow(client=int(cid), round=self.rnd, samples=0, loss=math.nan,
                                      seconds=float(seconds), worker=worker, failure=failure, attempt=int(attempt)))
 
@@ -208,6 +237,7 @@ class TaskScheduler:
         for out in outs:
             attempt = self.attempts[out.cid] + 1
             if out.error is not None:
+                self._fatal(out)
                 self._failure_row(out.cid, out.error.splitlines()[0], worker=out.worker, seconds=out.seconds,
                                   attempt=attempt)
                 if self._client_failed(out.pos, out.cid, on_drop):
@@ -226,6 +256,7 @@ class TaskScheduler:
                 on_outcome(o)
             return
         for o in bad:
+            self._fatal(o)
             self.attempts[o.cid] += 1
             n = self.attempts[o.cid]
             self._failure_row(o.cid, o.error.splitlines()[0], worker=o.worker, seconds=o.seconds, attempt=n)

@@ -8,11 +8,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ClientOutcome", "SplitOutcome", "WorkerLost", "error_text"]
+from fedray.core.errors import ConfigError
+
+__all__ = ["ClientOutcome", "SplitOutcome", "WorkerLost", "error_text", "is_fatal"]
 
 
 class WorkerLost(RuntimeError):
     """The worker process running a task died (crash, kill, out of memory)."""
+
+
+def is_fatal(err: BaseException) -> bool:
+    """A client error that no retry can fix: a configuration error (e.g. an unknown feature tap)."""
+    return isinstance(err, ConfigError)
 
 
 def error_text(err: BaseException) -> str:
@@ -34,6 +41,7 @@ class ClientOutcome:
     worker: str
     extras: dict = field(default_factory=dict)  # small per-client payloads for Algorithm.after_aggregate
     error: str | None = None
+    fatal: bool = False  # the error is a configuration error: the run stops, no retry
 
 
 @dataclass
@@ -50,3 +58,4 @@ class SplitOutcome:
     seconds: float = 0.0
     worker: str = ""
     error: str | None = None
+    fatal: bool = False  # the error is a configuration error: the run stops, no retry

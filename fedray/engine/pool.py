@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from fedray.core.errors import ConfigError
 from fedray.engine.outcomes import WorkerLost
 from fedray.engine.replica import WorkerSpec
 from fedray.engine.worker import ClientWorker
@@ -201,9 +202,15 @@ def default_num_workers(cfg, clients_per_round: int) -> tuple[int, float, float]
         cpus_total = float(len(os.sched_getaffinity(0)))
     if e.device == "cpu":
         gpus_total = 0.0
+    if e.device == "cuda" and gpus_total <= 0:
+        where = "the Ray cluster has" if e.backend == "ray" else "torch sees"
+        raise ConfigError(f"engine.device: cuda, but {where} no GPU; use engine.device: auto (a GPU when there is "
+                          f"one) or cpu")
     num_gpus = e.worker_num_gpus
     if num_gpus is None:
         num_gpus = (1.0 / e.workers_per_gpu) if gpus_total > 0 else 0.0
+    if e.device == "cuda" and not num_gpus:
+        raise ConfigError("engine.device: cuda, but engine.worker_num_gpus is 0: the workers would train on the CPU")
     num_cpus = float(e.worker_num_cpus)
     if e.num_workers is not None:
         n = int(e.num_workers)

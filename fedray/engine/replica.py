@@ -37,7 +37,8 @@ def worker_spec(cfg_dict: dict, partition_path: str, state_path: str | None, run
                 worker_gpus: float) -> WorkerSpec:
     """What every ClientWorker of a run is built from: a (fractional) GPU when the workers were given one
     and ``engine.device`` allows it, else the CPU."""
-    device = "auto" if cfg_dict["engine"]["device"] in ("auto", "cuda") and worker_gpus > 0 else "cpu"
+    requested = cfg_dict["engine"]["device"]
+    device = ("cuda" if requested == "cuda" else "auto") if requested in ("auto", "cuda") and worker_gpus > 0 else "cpu"
     return WorkerSpec(config=cfg_dict, partition_path=partition_path, state_path=state_path, run_dir=run_dir,
                       device=device, gpu_fraction=worker_gpus or None)
 
@@ -59,6 +60,9 @@ class Replica:
         torch.set_num_threads(max(1, int(cfg.engine.torch_threads)))
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError("engine.device: cuda, but torch sees no GPU in this process (a CPU-only torch build, "
+                               "or CUDA_VISIBLE_DEVICES hides it)")
         self.device = torch.device(device)
         if self.device.type == "cuda" and gpu_fraction:
             torch.cuda.set_per_process_memory_fraction(min(1.0, float(gpu_fraction)), self.device)

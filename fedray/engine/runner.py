@@ -49,6 +49,7 @@ class RunResult:
     rounds_seconds: float = 0.0
     interrupted: bool = False
     stopped_early: bool = False
+    failed: str | None = None  # why the run stopped without a trustworthy result
 
     @property
     def accuracy(self) -> float:
@@ -252,6 +253,9 @@ class RoundLoop:
             self._finish_in_flight()
             done = self.result.rounds[-1]["round"] if self.result.rounds else 0
             self.log(f"[fedray] interrupted after round {done}; resume with: fedray run --resume {self.run.rd.path}")
+        except Exception as e:
+            self.result.failed = _reason(e)
+            raise
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
@@ -272,6 +276,27 @@ class RoundLoop:
 
 
 # ------------------------------------------------------------------------------------------- finish
+def _reason(err: BaseException) -> str:
+    """The first line of an error, without Ray's wrapping (``RayTaskError(X)`` keeps the cause)."""
+    cause = getattr(err, "cause", None) or err
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"
+
+
+def fail_run(run: Run, engine: Engine | None, result: RunResult, log=print) -> None:
+    """A run that cannot produce a trustworthy result: ``run.json`` says ``failed`` with the reason; the
+    checkpoint of the last good round stays (the Checkpointer wrote it); no final weights or summary."""
+    if engine is not None:
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - the coordinator may be the thing that died
+            pass
+    info = run.rd.read_json("run.json")
+    info.update(status="failed", error=result.failed)
+    run.rd.write_json("run.json", info)
+    log(f"[fedray] failed: {result.failed} | outputs in {run.rd.path}")
+
+
 def finish_run(run: Run, engine: Engine, result: RunResult, log=print) -> RunResult:
     """Final weights and summary (not after an interruption), the status in ``run.json``."""
     rd = run.rd
@@ -321,17 +346,24 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     The result then has ``stopped_early = True``."""
     run = setup_run(cfg, resume)
     cfg = run.cfg
-    engine = Engine(run)
-    info = engine.call("ready")
-    start_round = _resume_state(run, engine, log)
-    startup = time.perf_counter() - run.t_start
-    log(f"[fedray] run {run.rd.path} | {cfg.algorithm.name} on {cfg.data.source} | {run.store.num_clients} clients, "
-        f"{cfg.train.clients_per_round}/round | {info['workers']} {cfg.engine.backend} workers | "
-        f"{info['num_params']:,} params | start-up {startup:.1f} s")
-    result = RunResult(run_dir=run.rd.path, rounds=run.rd.read_metrics(), startup_seconds=startup)
-    loop = RoundLoop(run, engine, _callbacks(run, cfg.output.progress if progress is None else progress, on_round, log),
-                     result, log)
-    t_rounds = time.perf_counter()
-    loop.run_rounds(start_round)
-    result.rounds_seconds = time.perf_counter() - t_rounds
+    result = RunResult(run_dir=run.rd.path)
+    engine = None
+    try:
+        engine = Engine(run)
+        info = engine.call("ready")
+        start_round = _resume_state(run, engine, log)
+        result.startup_seconds = startup = time.perf_counter() - run.t_start
+        log(f"[fedray] run {run.rd.path} | {cfg.algorithm.name} on {cfg.data.source} | {run.store.num_clients} "
+            f"clients, {cfg.train.clients_per_round}/round | {info['workers']} {cfg.engine.backend} workers | "
+            f"{info['num_params']:,} params | start-up {startup:.1f} s")
+        result.rounds = run.rd.read_metrics()
+        loop = RoundLoop(run, engine, _callbacks(run, cfg.output.progress if progress is None else progress, on_round,
+                                                 log), result, log)
+        t_rounds = time.perf_counter()
+        loop.run_rounds(start_round)
+        result.rounds_seconds = time.perf_counter() - t_rounds
+    except Exception as e:
+        result.failed = result.failed or _reason(e)
+        fail_run(run, engine, result, log)
+        raise
     return finish_run(run, engine, result, log)

@@ -52,7 +52,7 @@ from torch.func import functional_call, vmap
 
 from fedray.config import ConfigError
 from fedray.data.loader import to_float
-from fedray.engine.outcomes import ClientOutcome, error_text
+from fedray.engine.outcomes import ClientOutcome, error_text, is_fatal
 
 __all__ = ["GroupMember", "GroupedRuntime", "check_multi_client", "declares_multi_client", "groups_of",
            "supported_algorithms", "train_group"]
@@ -377,7 +377,7 @@ class GroupedRuntime:
 
     def _failed(self, pos, cid, err: BaseException, seconds: float) -> ClientOutcome:
         return ClientOutcome(cid=cid, pos=pos, weights=None, num_samples=0, loss=float("nan"), seconds=seconds,
-                             worker=self.name, error=error_text(err))
+                             worker=self.name, error=error_text(err), fatal=is_fatal(err))
 
     def _members(self, rnd: int, group, outcomes: dict, t0: float) -> list[GroupMember]:
         members = []

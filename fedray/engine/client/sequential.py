@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from fedray.algorithms.base import ClientContext, ClientHints
-from fedray.engine.outcomes import ClientOutcome, error_text
+from fedray.engine.outcomes import ClientOutcome, error_text, is_fatal
 
 __all__ = ["SequentialRuntime"]
 
@@ -29,7 +29,8 @@ class SequentialRuntime:
                 out.append(self._one(rnd, weights, payload, pos, cid, hints, t0))
             except Exception as e:  # noqa: BLE001 - reported per client, the coordinator decides
                 out.append(ClientOutcome(cid=cid, pos=pos, weights=None, num_samples=0, loss=float("nan"),
-                                         seconds=time.perf_counter() - t0, worker=self.name, error=error_text(e)))
+                                         seconds=time.perf_counter() - t0, worker=self.name, error=error_text(e),
+                                         fatal=is_fatal(e)))
         return out
 
     def _one(self, rnd, weights, payload, pos, cid, hints, t0) -> ClientOutcome:

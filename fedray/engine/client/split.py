@@ -22,7 +22,7 @@ from torch.func import functional_call
 from fedray.algorithms.base import ClientContext, make_optimizer
 from fedray.core.seeds import seed_of, seeded
 from fedray.data.loader import to_float
-from fedray.engine.outcomes import SplitOutcome, error_text
+from fedray.engine.outcomes import SplitOutcome, error_text, is_fatal
 from fedray.engine.split_layout import (
     Entry,
     SplitLayout,
@@ -116,7 +116,7 @@ class SplitRuntime:
             except Exception as e:  # noqa: BLE001 - reported per client, the coordinator replays or fails
                 self.clients.pop(cid, None)
                 out.append(SplitOutcome(pos, cid, seconds=time.perf_counter() - t0, worker=self.name,
-                                        error=error_text(e)))
+                                        error=error_text(e), fatal=is_fatal(e)))
         return out
 
     # ---------------------------------------------------------------------------------------

@@ -147,6 +147,7 @@ class FederatedProgram:
                   stop=(lambda: sum(1 for _ in finished) >= target) if collect_all else None)
         # stragglers: clients still running (cancelled) or never started when the round closed
         cancelled = sched.cancel_rest()
+        sched.check_drops(k)
         if collect_all:
             fold, cancelled = self._keep_first(sampled, client_w, sched, finished, target, cancelled)
             for p in range(k):
