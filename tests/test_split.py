@@ -1,4 +1,4 @@
-"""The split round program (fedray.engine.split) and the split / logit-adjustment algorithms."""
+"""The split round program (fedray.engine.programs.split_server, fedray.engine.split_layout) and the split / logit-adjustment algorithms."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from fedray.config import ConfigError, from_dict
 from fedray.engine.runner import run_experiment
-from fedray.engine.split import (
+from fedray.engine.programs.split_server import SplitServer
+from fedray.engine.split_layout import (
     SplitLayout,
-    SplitServer,
     assign_clients,
     batch_plan,
     batch_sizes,
