@@ -7,12 +7,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from fedray.cli import main
-from tests.conftest import ROOT
+from fedray.config import load_config
+from fedray.engine.runner import run_experiment
+from fedray.reporting.rundir import RunDir
+from tests.helpers import ROOT, small_config
 
 DEMO = str(ROOT / "jobs" / "configs" / "demo.yaml")
 
@@ -147,3 +151,51 @@ def test_show_of_a_directory_that_is_not_a_run_names_the_missing_file(tmp_path, 
     (tmp_path / "run.json").write_text(json.dumps({"status": "running"}))
     assert main(["show", str(tmp_path)]) == 2
     assert "config.yaml is missing" in capsys.readouterr().err
+
+
+def test_cli_bench_lists_and_refuses_unknown(capsys):
+    from fedray.cli import bench_scripts, main
+
+    assert {"workload", "partition", "finch", "fedrcl_loss", "split", "aggregate"} <= set(bench_scripts())
+    assert main(["bench"]) == 0
+    assert "workload" in capsys.readouterr().out
+    assert main(["bench", "no-such"]) == 2
+    assert "unknown benchmark 'no-such'" in capsys.readouterr().err
+
+
+def test_cli_partition_prints_per_client_statistics_and_datasets_lists_everything(tmp_path, partition_cache, capsys):
+    from fedray.cli import main
+
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("data: {source: mnist5k, partition: {name: classes_per_client, num_clients: 30, "
+                   "params: {classes: 2}}}\n")
+    assert main(["partition", str(cfg), "--output-dir", str(tmp_path / "parts"), "--clients", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "largest classes" in out and "... 25 more clients" in out
+    table = next((tmp_path / "parts").glob("*/clients.csv")).read_text().splitlines()
+    assert table[0].startswith("client,samples,classes,entropy") and len(table) == 31
+    assert all(int(line.split(",")[2]) <= 2 for line in table[1:])  # classes per client never exceed 2
+    assert main(["datasets"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("mnist5k", "balanced_dirichlet", "resnet18_gn", "fedrcl", "fedacg"):
+        line = next(l for l in listing.splitlines() if l.strip().startswith(name + " ") or l.strip() == name)
+        assert len(line.split()) > 1, f"{name} is listed without a description"
+
+
+# ------------------------------------------------------------------------------------ CLI
+def test_cli_run_and_report(tmp_path, partition_cache):
+    from fedray.cli import main
+
+    cfg = small_config(tmp_path, partition_cache, train__rounds=2)
+    import yaml
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path), "train.clients_per_round=4", "-q"]) == 0
+    run_dir = next((tmp_path / "runs").iterdir())
+    rows = RunDir(run_dir).read_metrics()
+    assert len(rows) == 2 and rows[0]["num_clients"] == 4
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "accuracy.png").stat().st_size > 1000
+    assert "accuracy" in (tmp_path / "rep" / "summary.md").read_text()
+    assert main(["run", str(path), "train.rounds=zero"]) == 2

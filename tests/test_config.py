@@ -90,7 +90,7 @@ def test_bad_files_and_overrides(tmp_path):
 
 # ------------------------------------------------------------------------------------ example configs
 def _example_configs():
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     return sorted(p for p in (ROOT / "jobs" / "configs").glob("*.yaml") if not p.name.startswith("scale_"))
 
@@ -118,32 +118,3 @@ def test_every_algorithm_and_server_optimizer_has_an_example_config():
     servers = {c.server.name for c in cfgs}
     assert set(ALGORITHMS) - algorithms == set(), "algorithms without an example config in jobs/configs/"
     assert set(SERVER_OPTIMIZERS) - servers == set(), "server optimizers without an example config"
-
-
-def test_cli_bench_lists_and_refuses_unknown(capsys):
-    from fedray.cli import bench_scripts, main
-
-    assert {"workload", "partition", "finch", "fedrcl_loss", "split", "aggregate"} <= set(bench_scripts())
-    assert main(["bench"]) == 0
-    assert "workload" in capsys.readouterr().out
-    assert main(["bench", "no-such"]) == 2
-    assert "unknown benchmark 'no-such'" in capsys.readouterr().err
-
-
-def test_cli_partition_prints_per_client_statistics_and_datasets_lists_everything(tmp_path, partition_cache, capsys):
-    from fedray.cli import main
-
-    cfg = tmp_path / "p.yaml"
-    cfg.write_text("data: {source: mnist5k, partition: {name: classes_per_client, num_clients: 30, "
-                   "params: {classes: 2}}}\n")
-    assert main(["partition", str(cfg), "--output-dir", str(tmp_path / "parts"), "--clients", "5"]) == 0
-    out = capsys.readouterr().out
-    assert "largest classes" in out and "... 25 more clients" in out
-    table = next((tmp_path / "parts").glob("*/clients.csv")).read_text().splitlines()
-    assert table[0].startswith("client,samples,classes,entropy") and len(table) == 31
-    assert all(int(line.split(",")[2]) <= 2 for line in table[1:])  # classes per client never exceed 2
-    assert main(["datasets"]) == 0
-    listing = capsys.readouterr().out
-    for name in ("mnist5k", "balanced_dirichlet", "resnet18_gn", "fedrcl", "fedacg"):
-        line = next(l for l in listing.splitlines() if l.strip().startswith(name + " ") or l.strip() == name)
-        assert len(line.split()) > 1, f"{name} is listed without a description"

@@ -1,4 +1,4 @@
-"""Partition store (manifest + memory-mapped shards), batch loader and partition statistics."""
+"""fedray.data.store: the partition store (manifest + memory-mapped shards)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 import fedray.data.store as store_mod
-from fedray.data.loader import Augment, iterate_batches, to_float
 from fedray.data.partition import label_stats
-from fedray.data.stats import format_summary, partition_summary, plot_label_distribution
 from fedray.data.store import PartitionStore, build_partition
 from fedray.data.table import DataBundle, DataError, DatasetMeta, Split, images_of, make_table, meta_of
 
@@ -233,96 +230,3 @@ def test_spec_errors(tmp_path, bundle):
     with pytest.raises(DataError, match="domain column"):
         build_partition(_bundle(with_domain=False), {"name": "domain", "num_clients": 3, "seed": 0}, tmp_path)
     assert not any(tmp_path.iterdir())
-
-
-# ---------------------------------------------------------------------------------------------
-# loader
-
-
-def test_to_float_bit_exact_and_normalize():
-    meta = DatasetMeta("toy", 10, (1, 4, 4), mean=(0.5,), std=(0.25,))
-    x = np.arange(256, dtype=np.uint8).reshape(16, 1, 4, 4)
-    got = to_float(torch.from_numpy(x), meta, normalize=False)
-    ref = x.astype(np.float32) / np.float32(255.0)
-    assert got.dtype == torch.float32 and np.array_equal(got.numpy().view(np.uint32), ref.view(np.uint32))
-    norm = to_float(torch.from_numpy(x), meta, normalize=True)
-    assert torch.allclose(norm, (torch.from_numpy(ref) - 0.5) / 0.25)
-    f = torch.rand(3, 1, 4, 4)
-    assert to_float(f, meta, normalize=False) is f
-    rgb = DatasetMeta("rgb", 10, (3, 4, 4), mean=(0.5, 0.4), std=(0.2, 0.2))
-    with pytest.raises(DataError, match="channels"):
-        to_float(torch.zeros(2, 3, 4, 4), rgb, normalize=True)
-
-
-def test_iterate_batches_order_and_sizes():
-    meta = DatasetMeta("toy", 10, (1, 2, 2))
-    images = np.arange(23 * 4, dtype=np.uint8).reshape(23, 1, 2, 2)
-    labels = np.arange(23, dtype=np.int64) % 10
-    perm = np.random.default_rng([0, 1, 2]).permutation(23)
-    batches = list(iterate_batches(images, labels, perm, 10, meta=meta, normalize=False))
-    assert [len(y) for _, y in batches] == [10, 10, 3]
-    for i, (x, y) in enumerate(batches):
-        idx = perm[i * 10 : (i + 1) * 10]
-        assert y.dtype == torch.int64 and torch.equal(y, torch.from_numpy(labels[idx]))
-        assert torch.equal(x, torch.from_numpy(images[idx]).float() / 255.0)
-    assert [len(y) for _, y in iterate_batches(images, labels, perm, 10, meta=meta, normalize=False, drop_last=True)] == [10, 10]
-    with pytest.raises(DataError, match="generator"):
-        next(iterate_batches(images, labels, perm, 10, meta=meta, normalize=False, augment=Augment(flip=True)))
-
-
-def test_augment_deterministic_and_correct():
-    x = torch.rand(8, 3, 12, 10)
-    aug = Augment(crop_pad=3, flip=True, rotate_deg=15)
-    a = aug(x, torch.Generator().manual_seed(5))
-    b = aug(x, torch.Generator().manual_seed(5))
-    c = aug(x, torch.Generator().manual_seed(6))
-    assert a.shape == x.shape and torch.equal(a, b) and not torch.equal(a, c)
-    # crop only: every output is a window of the zero-padded input at the drawn offsets
-    g = torch.Generator().manual_seed(1)
-    crop = Augment(crop_pad=2)(x, g)
-    off = torch.randint(0, 5, (2, 8), generator=torch.Generator().manual_seed(1))
-    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
-    for i in range(8):
-        assert torch.equal(crop[i], padded[i, :, off[0, i] : off[0, i] + 12, off[1, i] : off[1, i] + 10])
-    # flip only: each image is either unchanged or mirrored, and both happen
-    fl = Augment(flip=True)(x, torch.Generator().manual_seed(0))
-    same = [torch.equal(fl[i], x[i]) for i in range(8)]
-    assert all(s or torch.equal(fl[i], x[i].flip(-1)) for i, s in enumerate(same)) and 0 < sum(same) < 8
-    # a near-zero rotation is the identity up to rounding
-    rot = Augment(rotate_deg=1e-6)(x, torch.Generator().manual_seed(0))
-    assert torch.allclose(rot, x, atol=1e-5)
-    assert Augment()(x, torch.Generator()) is x
-
-
-def test_augment_from_spec():
-    assert Augment.from_spec(["crop", "flip", "rotate"]) == Augment(4, True, 10.0)
-    assert Augment.from_spec({"crop": 2, "flip": True, "rotate": 5}) == Augment(2, True, 5.0)
-    assert Augment.from_spec("crop,flip") == Augment(4, True, 0.0)
-    assert not Augment.from_spec(None) and not Augment.from_spec("none") and not Augment.from_spec([])
-    with pytest.raises(DataError, match="'cutout'"):
-        Augment.from_spec(["crop", "cutout"])
-    with pytest.raises(DataError, match="'blur'"):
-        Augment.from_spec({"blur": 1})
-    with pytest.raises(DataError, match="crop"):
-        Augment.from_spec({"crop": -1})
-
-
-# ---------------------------------------------------------------------------------------------
-# statistics
-
-
-def test_summary_and_plot(tmp_path, bundle):
-    st = build_partition(bundle, {"name": "balanced_dirichlet", "num_clients": 12, "seed": 0, "alpha": 0.1}, tmp_path / "p")
-    s = partition_summary(st)
-    assert s["num_clients"] == 12 and s["size_min"] == s["size_max"] == N_ROWS // 12 and s["empty_clients"] == 0
-    assert s["name"] == "balanced_dirichlet" and s["hash"] == st.hash
-    assert 0 < s["mean_class_entropy"] < np.log(10)
-    text = format_summary(s)
-    assert "balanced_dirichlet" in text and "empty clients" in text
-    out = plot_label_distribution(st, tmp_path / "plots" / "labels.png", max_clients=5)
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in out.parent.iterdir()) == ["labels.png"]
-    wide = np.random.default_rng(0).integers(0, 5, (30, 40))
-    assert plot_label_distribution(wide, tmp_path / "wide.png").stat().st_size > 0
-    with pytest.raises(DataError, match="counts"):
-        partition_summary(np.array([1, 2, 3]))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.jobs
 

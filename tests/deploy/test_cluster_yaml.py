@@ -32,7 +32,7 @@ from referencing.jsonschema import DRAFT202012
 
 from fedray.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # tests/deploy/ -> repository root
 CLUSTER = ROOT / "cluster"
 SCHEMAS = CLUSTER / "schemas"
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedray.metrics.analysis import covariances, effective_rank, feature_analysis, variability_collapse_index
-from tests.conftest import small_config
+from tests.helpers import small_config
 
 
 def _loop_covariances(x, y):

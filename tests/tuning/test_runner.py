@@ -1,9 +1,7 @@
-"""Hyper-parameter studies (tuning/): study files, concurrent trials on Ray, pruning, SIGKILL + resume, outputs.
+"""tuning.runner: the metric tracker, concurrent trials on Ray, pruning, SIGKILL + resume, RDB storage.
 
 Everything uses real Optuna storages (journal files) and real FL runs of FedProx on the embedded MNIST
-subset, kept tiny (20 IID clients, 2 per round, 1-2 rounds). The FedRCL/FedCCL/SCALA study files are only
-checked structurally: those algorithms are not needed here.
-"""
+subset, kept tiny (20 IID clients, 2 per round, 1-2 rounds)."""
 
 from __future__ import annotations
 
@@ -19,12 +17,11 @@ import pytest
 import yaml
 
 from fedray.config import ConfigError, load_config
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 optuna = pytest.importorskip("optuna")
 
-from tuning.outputs import write_outputs  # noqa: E402
-from tuning.runner import MetricTracker, StudyRunner, make_pruner, session_seed, tune  # noqa: E402
+from tuning.runner import MetricTracker, StudyRunner, tune  # noqa: E402
 from tuning.study import load_study, parse_study  # noqa: E402
 
 
@@ -63,106 +60,6 @@ def write_study(path: Path, data: dict) -> Path:
     return path
 
 
-# ------------------------------------------------------------------------------------ study files
-def _err(data, tmp_path) -> str:
-    with pytest.raises(ConfigError) as e:
-        parse_study(data, source_path=tmp_path / "s.yaml")
-    return str(e.value)
-
-
-@pytest.mark.parametrize("edit, expected", [
-    (lambda d: d["params"].update({"train.lrr": {"type": "float", "low": 0.1, "high": 0.2}}),
-     "params.train.lrr: unknown parameter path"),
-    (lambda d: d["params"].update({"algorithm.params.muu": {"type": "float", "low": 0.1, "high": 0.2}}),
-     "params.algorithm.params.muu: unknown parameter path: algorithm 'fedprox' has no parameter 'muu'"),
-    (lambda d: d["params"].update({"model.params.width": {"type": "int", "low": 1, "high": 4}}),
-     "params.model.params.width: unknown parameter path: model 'fedavg_cnn'"),
-    (lambda d: d["params"].update({"train": {"type": "float", "low": 0.1, "high": 0.2}}),
-     "params.train: is a whole section"),
-    (lambda d: d["params"].update({"train.lr.x": {"type": "float", "low": 0.1, "high": 0.2}}),
-     "params.train.lr.x: train.lr is a single value"),
-    (lambda d: d["params"].update({"train.lr": {"type": "float", "low": 0.1, "high": 0.1}}),
-     "params.train.lr: empty range"),
-    (lambda d: d["params"].update({"train.lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}),
-     "params.train.lr.low: must be > 0 for a log range"),
-    (lambda d: d["params"].update({"train.lr": {"type": "float", "low": -0.1, "high": 0.1}}),
-     "params.train.lr = -0.1: train.lr: must be >= 0"),
-    (lambda d: d["params"].update({"train.local_epochs": {"type": "int", "low": 1.5, "high": 3}}),
-     "params.train.local_epochs.low: expected an integer"),
-    (lambda d: d["params"].update({"model.name": {"type": "categorical", "choices": []}}),
-     "params.model.name.choices: expected a non-empty list"),
-    (lambda d: d["params"].update({"model.name": {"type": "categorical", "choices": ["fedavg_cnn", "nope"]}}),
-     "params.model.name = 'nope': model.name: unknown model 'nope'"),
-    (lambda d: d["params"].update({"train.lr": {"type": "double", "low": 0.1, "high": 0.2}}),
-     "params.train.lr.type: must be float, int or categorical"),
-    (lambda d: d.update(params={}), "params: expected a non-empty mapping"),
-    (lambda d: d.update(sampler="cmaes"), "sampler.name: unknown sampler 'cmaes'"),
-    (lambda d: d.update(sampler={"name": "tpe", "n_startup": 3}), "sampler.n_startup: unknown option"),
-    (lambda d: d.update(sampler="grid"), "params.algorithm.params.mu: the grid sampler needs `step`"),
-    (lambda d: d.update(pruner="asha"), "pruner.name: unknown pruner 'asha'"),
-    (lambda d: d.update(pruner={"name": "hyperband", "min_resource": 9}), "pruner.min_resource: must be in [1, 2]"),
-    (lambda d: d.update(base_config="missing.yaml"), "base_config: file 'missing.yaml' not found"),
-    (lambda d: d.pop("base_config"), "base_config: required"),
-    (lambda d: d["base_config"]["algorithm"].update(name="nosuch"), "base_config: algorithm.name: unknown algorithm"),
-    (lambda d: d["base_config"]["train"].update(rounds=0), "base_config: train.rounds: must be > 0"),
-    (lambda d: d.update(objective={"metric": "loss", "direction": "up"}), "objective.direction: must be maximize"),
-    (lambda d: d.update(objective={"metric": "seconds.train"}), "objective.direction: required for metric"),
-    (lambda d: d.update(multi_objective=[{"metric": "accuracy"}, {"metric": "bytes_total"}], pruner="median"),
-     "multi_objective: give either objective or multi_objective"),
-    (lambda d: (d.pop("objective"), d.update(multi_objective=[{"metric": "accuracy"}, {"metric": "bytes_total"}],
-                                             pruner="median")), "pruner.name: 'median' cannot be used with multi_objective"),
-    (lambda d: d.update(budget={"n_trials": 0}), "budget.n_trials: must be >= 1"),
-    (lambda d: d.update(budget={"trials": 3}), "budget.trials: unknown key"),
-    (lambda d: d.update(trial_resources={"workers": 0}), "trial_resources.workers: must be >= 1"),
-    (lambda d: d.update(concurrency="many"), "concurrency: expected an integer"),
-    (lambda d: d.update(enqueue=[{"train.lr": 0.5}]), "enqueue[0].train.lr: 0.5 is outside [0.02, 0.08]"),
-    (lambda d: d.update(enqueue=[{"train.momentum": 0.5}]), "enqueue[0].train.momentum: unknown key"),
-    (lambda d: d.update(storge="x"), "storge: unknown key in the study file"),
-])
-def test_bad_study_files_name_the_field(tmp_path, partition_cache, edit, expected):
-    d = study_dict(tmp_path, partition_cache)
-    edit(d)
-    msg = _err(d, tmp_path)
-    assert expected in msg, msg
-
-
-def test_study_file_defaults_paths_and_cli_error(tmp_path, partition_cache, capsys):
-    cfg_file = tmp_path / "base.yaml"
-    cfg_file.write_text(yaml.safe_dump(base_config(tmp_path, partition_cache)))
-    d = study_dict(tmp_path, partition_cache, base_config="base.yaml", base_overrides=["train.rounds=3"])
-    d.pop("objective")
-    d.pop("pruner")
-    d.pop("sampler")
-    spec = load_study(write_study(tmp_path / "s.yaml", d))
-    assert spec.base_config_path == str(cfg_file.resolve())
-    assert spec.base_config["train"]["rounds"] == 3 and spec.max_rounds() == 3
-    assert spec.objectives[0].metric == "ema_accuracy" and spec.directions == ["maximize"]
-    assert spec.sampler.name == "tpe" and spec.pruner.name == "hyperband"
-    pruner = make_pruner(spec)
-    assert isinstance(pruner, optuna.pruners.HyperbandPruner) and pruner._max_resource == 3
-    assert session_seed(7, 0) == 7 and session_seed(7, 5) != 7
-
-    bad = write_study(tmp_path / "bad.yaml", study_dict(tmp_path, partition_cache, sampler="annealing"))
-    from fedray.cli import main
-
-    assert main(["tune", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert "fedray tune: error: sampler.name: unknown sampler 'annealing'" in err and str(bad) in err
-
-
-@pytest.mark.parametrize("name", ["fedrcl_lbt", "fedccl_tau", "scala_server"])
-def test_shipped_studies_parse(name):
-    """Structure only: the algorithms they tune may not be installed in this checkout."""
-    spec = load_study(ROOT / "tuning" / "studies" / f"{name}.yaml", check_registries=False)
-    assert spec.name == name and spec.params and spec.n_trials >= 1
-    if name == "fedrcl_lbt":
-        lam, beta, tau = (spec.param(f"algorithm.params.{k}") for k in ("lam", "beta", "tau"))
-        assert (lam.low, lam.high, lam.log) == (0.3, 0.95, False)
-        assert (beta.low, beta.high, beta.log) == (0.01, 10.0, True)
-        assert (tau.low, tau.high, tau.log) == (0.02, 0.5, True)
-        assert spec.base_config["data"]["source"] == "mnist5k"
-
-
 def test_metric_tracker():
     tr = MetricTracker(["mean_last5", "bytes_total", "seconds.train"])
     for r, acc in enumerate([0.1, None, 0.3, 0.5, 0.6, 0.7, 0.8], start=1):
@@ -173,63 +70,6 @@ def test_metric_tracker():
         if acc is None:
             assert tr.intermediate() is None
     assert tr.final() == [pytest.approx((0.3 + 0.5 + 0.6 + 0.7 + 0.8) / 5), 7 * 15.0, 7.0]
-
-
-# ------------------------------------------------------------------------------------------ outputs
-def _synthetic_study(spec, n_complete, values=None):
-    study = optuna.create_study(directions=spec.directions)
-    dists = spec.distributions()
-    for i in range(n_complete):
-        params = {"algorithm.params.mu": 10 ** (-4 + 3 * i / max(n_complete, 2)), "train.lr": 0.02 + 0.01 * (i % 6)}
-        v = values(i) if values else 0.5 + 0.05 * i - 0.3 * abs(params["train.lr"] - 0.05)
-        study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=dists, values=v if isinstance(v, list) else [v],
-            intermediate_values={1: 0.3, 2: 0.4}, user_attrs={"run_dir": f"/x/trial-{i:04d}", "started_at": 1.0e9}))
-    study.add_trial(optuna.trial.create_trial(params={"algorithm.params.mu": 1e-3, "train.lr": 0.03},
-                                              distributions=dists, state=optuna.trial.TrialState.PRUNED,
-                                              intermediate_values={1: 0.1}))
-    return study
-
-
-def test_outputs_single_and_multi_objective(tmp_path, partition_cache, monkeypatch):
-    import tuning.outputs
-
-    monkeypatch.setattr(tuning.outputs, "IMPORTANCE_TREES", 8)  # the default 64 trees take seconds per call
-    spec = parse_study(study_dict(tmp_path, partition_cache), source_path=tmp_path / "s.yaml")
-    files = write_outputs(_synthetic_study(spec, 6), spec, tmp_path / "a", log=lambda m: None)
-    names = {p.name for p in files}
-    for f in ("trials.csv", "trials.md", "best_config.yaml", "history.png", "intermediate.png", "slice.png",
-              "importance.png", "contour_mu__lr.png", "importance.yaml"):
-        assert f in names, f
-    assert all(p.stat().st_size > 0 for p in files)
-    cfg = load_config(tmp_path / "a" / "best_config.yaml")
-    assert cfg.algorithm.name == "fedprox" and 0.02 <= cfg.train.lr <= 0.08
-    imp = yaml.safe_load((tmp_path / "a" / "importance.yaml").read_text())
-    again, why = tuning.outputs.param_importances(_synthetic_study(spec, 6), spec)
-    assert why is None and {k: float(v) for k, v in again.items()} == imp["importances"]  # fixed seed
-
-    # fewer than two complete trials: no importances, everything else still written
-    msgs = []
-    files = write_outputs(_synthetic_study(spec, 1), spec, tmp_path / "c", log=msgs.append)
-    assert "importance.png" not in {p.name for p in files} and "best_config.yaml" in {p.name for p in files}
-    assert any("at least 2 complete trials" in m for m in msgs)
-    imp, why = tuning.outputs.param_importances(_synthetic_study(spec, 3, values=lambda i: 0.5), spec)
-    assert imp is None and "different objective values" in why
-    files = write_outputs(optuna.create_study(direction="maximize"), spec, tmp_path / "d", log=msgs.append)
-    assert {p.name for p in files} == {"trials.csv", "trials.md"}
-
-    d = study_dict(tmp_path, partition_cache,
-                   multi_objective=[{"metric": "accuracy"}, {"metric": "bytes_total", "direction": "minimize"}])
-    d.pop("objective")
-    mspec = parse_study(d, source_path=tmp_path / "m.yaml")
-    assert mspec.pruning is False and mspec.directions == ["maximize", "minimize"]
-    study = _synthetic_study(mspec, 5, values=lambda i: [0.5 + 0.1 * i, 100.0 * (i + 1) ** 2 if i != 2 else 1e6])
-    files = write_outputs(study, mspec, tmp_path / "m", log=lambda m: None)
-    names = {p.name for p in files}
-    assert "pareto.png" in names and "best_config.yaml" not in names
-    pareto = sorted(p.name for p in files if p.parent.name == "pareto")
-    assert pareto == ["trial-0000.yaml", "trial-0001.yaml", "trial-0003.yaml", "trial-0004.yaml"]
-    load_config(tmp_path / "m" / "pareto" / "trial-0004.yaml")
 
 
 # ------------------------------------------------------------------- real studies: Ray concurrency

@@ -1,13 +1,10 @@
-"""The papers' comparison jobs (jobs/*_compare.py): their configs for the embedded data and for the real
-datasets (CIFAR with the GroupNorm ResNet-18, Digit-5 / Office-10 / DomainNet folders) and their errors.
-The runs themselves are measured in docs/reproductions.md; here nothing trains."""
+"""jobs/fedrcl_compare.py: its configs for the embedded data and for the real datasets (CIFAR with the
+GroupNorm ResNet-18). The runs themselves are measured in docs/reproductions.md; here nothing trains."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-import pytest
 
 from fedray.config import from_dict
 
@@ -31,18 +28,3 @@ def test_fedrcl_compare_configs_embedded_and_cifar():
     assert cifar.train.augment == ["rotate", "crop", "flip"] and cifar.data.root == "/data"
     extra = from_dict(experiment_config("moon", 0.3, _fedrcl_args()))
     assert extra.algorithm.name == "moon" and extra.algorithm.params == {}
-
-
-def test_fedccl_compare_settings():
-    from jobs.fedccl_compare import ON_DISK, build_config, main
-
-    for name, (setting_file, overrides) in ON_DISK.items():
-        cfg = build_config(setting_file, [*overrides, "data.root=/data/domains"], "fedccl", 0, Path("/tmp/x"),
-                           quick=False, backend="local", workers=None)
-        assert cfg.data.source == name and cfg.data.partition.name == "domain"
-        assert cfg.train.clients_per_round == cfg.data.partition.num_clients and cfg.data.root == "/data/domains"
-    local = build_config("fedccl_digits.yaml", [], "fedccl-local", 0, Path("/tmp/x"),
-                         quick=False, backend="local", workers=None)
-    assert local.algorithm.name == "fedccl" and local.algorithm.params["signals"] == "local"
-    with pytest.raises(SystemExit):  # an on-disk setting without --data-root is refused before any work
-        main(["--settings", "office10", "--out", "/tmp/unused-fedccl"])

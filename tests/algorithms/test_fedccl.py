@@ -1,9 +1,9 @@
-"""FedCCL and its family (FedCCL ablations, FedCCL+, FedAvg+, FedProto, FPL, FedPCL) and the robustness metrics.
+"""FedCCL and its family (FedCCL ablations, FedCCL+, FedAvg+, FedProto, FPL, FedPCL).
 
-The losses themselves are tested in test_losses.py and FINCH in test_finch.py; here: end-to-end runs on the
-local backend, determinism (and Ray == local once), first-round behaviour, missing classes, order
-independence of the coordinator's signals, signal byte accounting, FGSM/PGD accuracies and config errors.
-"""
+The losses themselves are tested in tests/losses/, FINCH in tests/clustering/ and the robustness metrics in
+tests/metrics/test_robustness.py; here: end-to-end runs on the local backend, determinism (and Ray == local
+once), first-round behaviour, missing classes, order independence of the coordinator's signals, signal byte
+accounting and config errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from fedray.algorithms import ClientContext, build_algorithm
 from fedray.config import ConfigError, TrainConfig, from_dict
-from tests.conftest import small_config
+from tests.helpers import small_config
 
 TINY_MODEL = {"name": "cnn4", "params": {"channels": [4, 8], "embed_dim": 16}}
 
@@ -118,15 +118,6 @@ def test_deterministic_and_ray_matches_local(tmp_path, partition_cache, ray_sess
     c = _run(ray_cfg)
     assert c.weights_hash == a.weights_hash
     assert [r.get("bytes_signals") for r in c.rounds] == [r.get("bytes_signals") for r in a.rounds]
-
-
-def test_adversarial_eval_hook_reports_clean_fgsm_pgd(tmp_path, partition_cache):
-    cfg = _cfg(tmp_path, partition_cache, "fedavg", {}, train={"rounds": 1, "clients_per_round": 2, "batch_size": 64,
-                                                                "lr": 0.05},
-               eval={"adversarial": {"eps": 0.1, "pgd_steps": 3, "max_samples": 200}})
-    rob = _run(cfg).rounds[-1]["robustness"]
-    assert rob["samples"] == 200 and rob["eps"] == 0.1
-    assert rob["pgd_accuracy"] <= rob["clean_accuracy"] and rob["fgsm_accuracy"] <= rob["clean_accuracy"]
 
 
 # ------------------------------------------------------------------------------------ client-side units
@@ -252,61 +243,6 @@ def test_global_signal_modes():
     assert np.allclose(avg[0], [0.75, 0.25, 0], atol=1e-2) and clu[0][1] > avg[0][1] + 0.05
 
 
-# ------------------------------------------------------------------------------------------- robustness
-@pytest.fixture(scope="module")
-def trained_mlp():
-    import fedray.data.sources as sources
-    from fedray.data.loader import to_float
-    from fedray.models import build_model
-
-    bundle = sources.load_source("mnist5k")
-    meta = bundle.meta
-    xtr, ytr = np.asarray(bundle.train.images()), np.asarray(bundle.train.labels)
-    torch.manual_seed(0)
-    model = build_model("mlp", in_channels=1, image_size=28, num_classes=10, hidden=[64])
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = to_float(torch.from_numpy(xtr), meta, True)
-    y = torch.from_numpy(ytr).long()
-    for _ in range(3):
-        for i in range(0, len(y), 64):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[i : i + 64]), y[i : i + 64]).backward()
-            opt.step()
-    return model, np.asarray(bundle.test.images()), np.asarray(bundle.test.labels), meta
-
-
-def test_fgsm_eps0_is_clean_and_pgd_le_fgsm_le_clean(trained_mlp):
-    from fedray.metrics import evaluate
-    from fedray.metrics.robustness import fgsm_accuracy, pgd_accuracy
-
-    model, xte, yte, meta = trained_mlp
-    clean = evaluate(model, xte, yte, meta=meta, normalize=True)["accuracy"]
-    assert clean > 0.8
-    assert fgsm_accuracy(model, xte, yte, 0.0, meta=meta, normalize=True) == clean
-    fgsm = fgsm_accuracy(model, xte, yte, 0.1, meta=meta, normalize=True)
-    pgd = pgd_accuracy(model, xte, yte, 0.1, steps=10, meta=meta, normalize=True)
-    assert pgd <= fgsm < clean
-    assert pgd_accuracy(model, xte, yte, 0.0, meta=meta, normalize=True) == clean
-
-
-def test_attacks_stay_in_the_pixel_eps_ball(trained_mlp):
-    from fedray.metrics.robustness import PixelSpace, fgsm_attack, pgd_attack
-
-    model, xte, yte, meta = trained_mlp
-    space = PixelSpace.from_meta(meta, normalize=True)
-    x = torch.from_numpy(xte[:64]).float() / 255.0
-    y = torch.from_numpy(yte[:64]).long()
-    assert torch.allclose(space.to_pixels(space.to_model(x)), x, atol=1e-6)
-    gen = torch.Generator().manual_seed(0)
-    for p in model.parameters():
-        p.grad = None
-    for xa in (fgsm_attack(model, x, y, 0.2, space),
-               pgd_attack(model, x, y, 0.2, steps=5, random_start=True, generator=gen, space=space)):
-        assert float((xa - x).abs().max()) <= 0.2 + 1e-6
-        assert float(xa.min()) >= 0.0 and float(xa.max()) <= 1.0
-    assert all(p.grad is None for p in model.parameters())  # attacks leave parameter gradients alone
-
-
 # ------------------------------------------------------------------------------------------ config errors
 @pytest.mark.parametrize(
     "alg,params,field",
@@ -330,16 +266,6 @@ def test_attacks_stay_in_the_pixel_eps_ball(trained_mlp):
 def test_config_errors_name_the_parameter(alg, params, field):
     with pytest.raises(ConfigError, match=rf"algorithm\.params\.{field}\b"):
         build_algorithm(alg, params)
-
-
-@pytest.mark.parametrize(
-    "spec,field",
-    [({"eps": -1}, "eps"), ({"pgd_steps": 0}, "pgd_steps"), ({"radius": 0.1}, "radius"), ({"every": 1.5}, "every")],
-)
-def test_adversarial_eval_config_errors(tmp_path, partition_cache, spec, field):
-    cfg = small_config(tmp_path, partition_cache, eval={"adversarial": spec})
-    with pytest.raises(ConfigError, match=rf"eval\.adversarial\.{field}\b"):
-        from_dict(cfg)
 
 
 def test_fedpcl_tap_must_exist():

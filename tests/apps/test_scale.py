@@ -1,0 +1,92 @@
+"""fedray.apps.scale: the scaling sweep, its table, resume and file errors."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from fedray.config import ConfigError
+from tests.helpers import small_config
+
+
+# ------------------------------------------------------------------------------------ scaling table
+def _synthetic_experiment(tmp_path, partition_cache, **over) -> dict:
+    cfg = small_config(tmp_path, partition_cache,
+                       data__source="synthetic", data__normalize=False,
+                       data__params={"num_clients": 60, "samples_per_client_mean": 12, "min_samples": 3,
+                                     "size_sigma": 0.5},
+                       data__partition={"name": "natural", "num_clients": 60, "params": {}},
+                       model__name="mlp", model__params={"hidden": [16]}, train__clients_per_round=5)
+    for key, value in over.items():
+        node = cfg
+        parts = key.split("__")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return cfg
+
+
+def test_scaling_table_has_the_documented_columns(tmp_path, partition_cache):
+    from fedray.apps.scale import COLUMNS, load_scale, run_scale
+
+    spec = load_scale(data={
+        "name": "tiny", "rounds": 2, "output": str(tmp_path / "out"),
+        "experiment": _synthetic_experiment(tmp_path, partition_cache),
+        "defaults": {"population": 40, "clients_per_round": 5, "num_workers": 1},
+        "sweeps": [{"clients_per_round": [5, 20], "multi_client": [1, 4]}, {"population": [10, 60]},
+                   {"clients_per_round": [50], "population": [40]}],  # more clients per round than clients: skipped
+    })
+    rows, files = run_scale(spec, log=lambda *a: None)
+    table = pq.read_table(tmp_path / "out" / "scaling.parquet")
+    assert table.column_names == list(COLUMNS)
+    assert table.num_rows == len(spec.points) == 7
+    by = {(r["population"], r["clients_per_round"], r["multi_client"]): r for r in table.to_pylist()}
+    assert by[(40, 50, 1)]["status"].startswith("skipped")
+    ok = [r for r in table.to_pylist() if r["status"] == "ok"]
+    assert len(ok) == 6
+    for r in ok:
+        assert r["client_updates"] == r["clients_per_round"]  # round 2 only (round 1 is the warm-up)
+        assert r["client_updates_per_s"] > 0 and r["samples_per_s"] > 0 and r["round_s"] > 0
+        assert r["coordinator_peak_mb"] > 0 and r["num_params"] == 60 * 16 + 16 + 16 * 10 + 10
+        assert r["backend"] == "local" and r["source"] == "synthetic"
+    # multi-client changes float rounding only
+    assert by[(40, 20, 4)]["accuracy"] == pytest.approx(by[(40, 20, 1)]["accuracy"], abs=0.02)
+    names = {f.name for f in files}
+    assert {"scaling.parquet", "scaling.csv", "scaling.md", "throughput_vs_clients_per_round.png",
+            "memory_vs_population.png", "latency_vs_population.png"} <= names
+
+
+def test_scale_resume_keeps_finished_points(tmp_path, partition_cache):
+    """A sweep stopped after its first point (the table is rewritten after every point) resumes with
+    ``resume=True``: the finished point is kept as measured, only the rest runs; a changed experiment is refused."""
+    import pyarrow.parquet as pq
+
+    from fedray.apps.scale import load_scale, run_scale
+
+    data = {"name": "tiny", "rounds": 2, "output": str(tmp_path / "out"),
+            "experiment": _synthetic_experiment(tmp_path, partition_cache),
+            "defaults": {"population": 40, "num_workers": 1}, "sweep": {"clients_per_round": [5, 10, 20]}}
+    rows, _ = run_scale(load_scale(data=data), log=lambda *a: None)
+    table = tmp_path / "out" / "scaling.parquet"
+    pq.write_table(pq.read_table(table).slice(0, 1), str(table))  # as if stopped during point 2
+    logs: list[str] = []
+    again, _ = run_scale(load_scale(data=data), log=logs.append, resume=True)
+    assert [r["status"] for r in again] == ["ok"] * 3
+    assert "kept" in logs[0] and not any("kept" in m for m in logs[1:])
+    assert again[0]["total_s"] == rows[0]["total_s"]  # the same measurement, not a new one
+    assert [r["weights_hash"] for r in again] == [r["weights_hash"] for r in rows]
+    changed = {**data, "experiment": {**data["experiment"], "seed": 1}}
+    with pytest.raises(ConfigError, match=r"--resume: experiment differs"):
+        run_scale(load_scale(data=changed), log=lambda *a: None, resume=True)
+
+
+def test_scale_file_errors_name_the_field(tmp_path, partition_cache):
+    from fedray.apps.scale import load_scale
+
+    exp = _synthetic_experiment(tmp_path, partition_cache)
+    for bad, field in [({"sweep": {"clients": [1]}}, r"^sweep\.clients"),
+                       ({"sweeps": [{"population": [0]}]}, r"^sweeps\[0\]\.population"),
+                       ({"rounds": 0}, r"^rounds"), ({"defaults": {"num_workers": [1, 2]}}, r"^defaults\.num_workers"),
+                       ({"colour": 1}, r"^colour"), ({"experiment": None, "base": "missing.yaml"}, r"^base")]:
+        with pytest.raises(ConfigError, match=field):
+            load_scale(data={"experiment": exp, **bad})

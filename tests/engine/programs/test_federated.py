@@ -1,0 +1,53 @@
+"""fedray.engine.programs.federated: the federated round program (fake pool)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+
+def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
+    """A client whose task keeps losing its worker is dropped after its retries; results of later
+    positions that finished meanwhile wait in the reorder buffer behind it and must still be folded, even
+    when the drop is the round's last event (a fake pool returns the doomed task last, every time)."""
+    import types
+
+    from fedray.engine.outcomes import ClientOutcome, WorkerLost
+    from fedray.engine.programs.federated import FederatedProgram
+
+    bad = 3
+
+    class Pool:
+        size, restarts, kind = 2, 0, "local"
+
+        def __init__(self):
+            self.n = 0
+
+        def submit(self, widx, method, rnd, w, p, items, hints):
+            self.n += 1
+            return (self.n, widx, tuple(items))
+
+        def wait(self, handles, timeout=None):
+            good = [h for h in handles if all(c != bad for _, c in h[2])]
+            return good[:1] if good else handles[:1]
+
+        def result(self, h):
+            if any(c == bad for _, c in h[2]):
+                raise WorkerLost("killed")
+            return [ClientOutcome(cid=c, pos=p, weights=np.full(2, float(c), np.float32), num_samples=1, loss=0.0,
+                                  seconds=0.0, worker="w") for p, c in h[2]]
+
+        def replace(self, widx):
+            self.restarts += 1
+
+        def cancel(self, handles):
+            pass
+
+    eng = types.SimpleNamespace(over_selection=0, round_deadline_s=None, reorder_window=None, max_client_retries=1,
+                                max_worker_restarts=10, chunk_size=1, multi_client=1)
+    cfg = types.SimpleNamespace(engine=eng, train=types.SimpleNamespace(clients_per_round=6))
+    prog = FederatedProgram(cfg=cfg, algorithm=types.SimpleNamespace(client_weight=lambda n: float(n)),
+                            server_opt=None, pool=Pool(), sizes=np.ones(10, np.int64), num_params=2)
+    out = prog.train(1, [0, 1, 2, 3, 4, 5], None, None, None)
+    assert out["dropped"] == [bad] and out["num_clients"] == 5 and out["worker_restarts"] == 2
+    np.testing.assert_allclose(out["avg"], np.full(2, np.mean([0, 1, 2, 4, 5])), rtol=1e-6)

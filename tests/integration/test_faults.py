@@ -1,0 +1,58 @@
+"""Whole runs with injected faults on Ray: lost workers, failing clients, round deadlines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedray.config import from_dict
+from fedray.engine.runner import run_experiment
+from fedray.reporting.rundir import RunDir
+from tests.helpers import small_config
+
+
+def _run(cfg: dict, **kw):
+    return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None, **kw)
+
+
+# ------------------------------------------------------------------------------------ faults
+@pytest.mark.ray
+def test_worker_killed_mid_round_is_replaced_and_result_identical(tmp_path, partition_cache, ray_session):
+    base = dict(train__rounds=2, train__clients_per_round=6, engine__backend="ray", engine__num_workers=2)
+    clean = _run(small_config(tmp_path / "clean", partition_cache, **base))
+    sampled_r2 = [int(c) for c in np.random.default_rng([0, 2]).choice(100, size=6, replace=False)]
+    faulty = _run(small_config(tmp_path / "faulty", partition_cache, **base,
+                               engine__fault_injection={"kind": "exit", "round": 2, "client": sampled_r2[3],
+                                                        "times": 1}))
+    assert faulty.weights_hash == clean.weights_hash
+    r2 = faulty.rounds[1]
+    assert r2["worker_restarts"] >= 1 and r2["dropped"] == []
+    ledger = RunDir(faulty.run_dir).read_ledger().to_pylist()
+    lost = [r for r in ledger if r["failure"] and "worker lost" in r["failure"]]
+    assert lost and all(r["round"] == 2 for r in lost)
+
+
+@pytest.mark.ray
+def test_client_failing_repeatedly_is_dropped_and_recorded(tmp_path, partition_cache, ray_session):
+    sampled_r1 = [int(c) for c in np.random.default_rng([0, 1]).choice(100, size=6, replace=False)]
+    bad = sampled_r1[2]
+    cfg = small_config(tmp_path, partition_cache, train__rounds=2, engine__backend="ray", engine__num_workers=2,
+                       engine__max_client_retries=1,
+                       engine__fault_injection={"kind": "raise", "round": 1, "client": bad, "times": 5})
+    res = _run(cfg)
+    assert res.rounds[0]["dropped"] == [bad]
+    assert res.rounds[0]["num_clients"] == 5
+    assert len(res.rounds) == 2
+    ledger = RunDir(res.run_dir).read_ledger().to_pylist()
+    fails = [r for r in ledger if r["client"] == bad and r["round"] == 1]
+    assert len(fails) == 2 and all("injected fault" in r["failure"] for r in fails)
+
+
+@pytest.mark.ray
+def test_round_deadline_aggregates_what_finished(tmp_path, partition_cache, ray_session):
+    cfg = small_config(tmp_path, partition_cache, train__rounds=2, engine__backend="ray", engine__num_workers=2,
+                       engine__round_deadline_s=0.0)
+    res = _run(cfg)
+    # nothing can finish within a zero deadline: every client is cancelled, the model stays as it was
+    assert all(r["num_clients"] == 0 and r["stragglers_cancelled"] == 6 for r in res.rounds)
+    assert res.rounds[0]["accuracy"] == res.rounds[1]["accuracy"]
