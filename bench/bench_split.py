@@ -82,7 +82,7 @@ def run_fedray(rounds: int, workdir: Path, extra: list[str]) -> dict:
     from fedray.engine.runner import run_experiment
 
     cfg = make_cfg(rounds, workdir, extra)
-    res = run_experiment(cfg, progress=False, log=lambda *a: None)
+    res = run_experiment(cfg, progress=False, log=lambda *a: None, overwrite=True)
     per_iter, parts, mb = [], {"clients": [], "server": [], "other": []}, []
     for r in res.rounds[1:]:  # rounds 2..R
         secs = r["seconds"]

@@ -52,7 +52,7 @@ def main(argv=None):
     out = args.out or tempfile.mkdtemp(prefix="fedray-bench-")
     cfg = from_dict(config(args.workload, args.backend, args.workers, out, args.chunk, args.multi_client))
     t_call = time.perf_counter()
-    res = run_experiment(cfg, progress=False, log=lambda *a: print(*a, file=sys.stderr))
+    res = run_experiment(cfg, progress=False, log=lambda *a: print(*a, file=sys.stderr), overwrite=True)
     rounds = res.rounds
     round_s = [r["wall_seconds"] - (r["seconds"]["eval"] if i == len(rounds) - 1 else 0.0)
                for i, r in enumerate(rounds)]

@@ -57,7 +57,7 @@ def _cmd_run(args) -> int:
         cfg = load_config(args.config, args.overrides)
         if args.output_dir:
             cfg.output.root = args.output_dir
-        res = run_experiment(cfg, progress=not args.quiet)
+        res = run_experiment(cfg, progress=not args.quiet, overwrite=args.overwrite)
     if res.rounds and not args.quiet:
         from fedray.reporting.report import format_table, summarize
         from fedray.reporting.rundir import RunDir
@@ -201,6 +201,8 @@ def _add_experiment_commands(sub) -> None:
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     r.add_argument("--output-dir", help="root directory for run directories (output.root)")
     r.add_argument("-q", "--quiet", action="store_true", help="no per-round progress")
+    r.add_argument("--overwrite", action="store_true",
+                   help="start over in a run directory that already holds a run (deletes its results)")
     r.add_argument("--dry-run", action="store_true",
                    help="print the resolved config and the run directory it would use; run and write nothing")
     r.set_defaults(func=_cmd_run)

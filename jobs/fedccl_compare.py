@@ -189,7 +189,7 @@ def run_setting(name: str, setting_file: str, overrides: list[str], methods, see
             if args.quick:
                 cfg.data.params = {**cfg.data.params, **_source_subset(cfg.data.source)}
             t0 = time.perf_counter()
-            res = run_experiment(cfg, progress=False, log=lambda *a: None)
+            res = run_experiment(cfg, progress=False, log=lambda *a: None, overwrite=True)
             summary = last5(res.rounds)
             results.setdefault(method, []).append(summary)
             dirs.append(res.run_dir)

@@ -105,7 +105,7 @@ def _run_one(cfg_dict: dict) -> dict:
     from fedray.engine.runner import run_experiment
 
     t0 = time.perf_counter()
-    res = run_experiment(from_dict(cfg_dict), progress=False, log=lambda *a: None)
+    res = run_experiment(from_dict(cfg_dict), progress=False, log=lambda *a: None, overwrite=True)
     return {"run_dir": str(res.run_dir), "accuracy": res.accuracy, "seconds": time.perf_counter() - t0,
             "weights_hash": res.weights_hash}
 

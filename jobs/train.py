@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="experiment config (YAML/TOML), relative to the working dir")
     ap.add_argument("--output-dir", help="root of run directories (a path valid on the driver's node)")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="start over in a run directory that already holds a run (deletes its results)")
     ap.add_argument("overrides", nargs="*", help="a.b=c config overrides")
     args = ap.parse_args(argv)
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.data.root and not Path(cfg.data.root).exists():
                 raise DataError(f"data.root: {cfg.data.root!r} does not exist on the driver's node; on a cluster "
                                 f"it must be a path every node sees (a shared filesystem mount)")
-            res = run_experiment(cfg)
+            res = run_experiment(cfg, overwrite=args.overwrite)
     except (ConfigError, DataError) as e:
         print(f"jobs.train: error: {e}", file=sys.stderr)
         return 2

@@ -126,7 +126,7 @@ def test_show_a_stopped_run_names_the_resume_command_and_a_finished_one_does_not
     assert shown["status"] == "stopped"
     assert (shown["algorithm"], shown["model"], shown["source"]) == ("fedavg", "fedavg_cnn", "mnist5k")
     assert shown["rounds"] == "2 / 3"
-    assert shown["last checkpoint"] == "round 2 (ckpt-000002.pkl)"
+    assert shown["last checkpoint"] == "round 2 (ckpt-000002.npz)"
     assert shown["resume"] == f"fedray run --resume {run_dir}"
 
     # the printed command really continues the run
@@ -138,7 +138,7 @@ def test_show_a_stopped_run_names_the_resume_command_and_a_finished_one_does_not
     assert shown["status"] == "finished" and shown["rounds"] == "3 / 3" and "resume" not in shown
     assert shown["accuracy"] == f"{rows[-1]['accuracy']:.4f} (last), {rows[-1]['ema_accuracy']:.4f} (EMA)"
     assert shown["best accuracy"] == f"{best['accuracy']:.4f} at round {best['round']}"
-    assert shown["last checkpoint"] == "round 3 (ckpt-000003.pkl)"
+    assert shown["last checkpoint"] == "round 3 (ckpt-000003.npz)"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert shown["finished in"].endswith(f"weights {summary['weights_hash']}")
 

@@ -346,7 +346,8 @@ def run_point(spec: ScaleSpec, point: dict, cluster_cpus: float | None, log=prin
     gpu.start()
     t0 = time.perf_counter()
     try:
-        res = run_experiment(cfg, progress=False, log=lambda *a: None, on_round=on_round)
+        # the sweep owns its run directories: a point run again starts over
+        res = run_experiment(cfg, progress=False, log=lambda *a: None, on_round=on_round, overwrite=True)
     except Exception as e:  # noqa: BLE001 - one failed point must not lose the sweep
         gpu.stop()
         row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]

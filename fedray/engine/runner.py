@@ -105,7 +105,22 @@ class Run:
         return str(self.rd.state_path)
 
 
-def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None) -> Run:
+def _claim_run_dir(rd: RunDir, overwrite: bool) -> None:
+    """A new run never lands on an earlier one's files: refuse, unless ``overwrite`` asks to delete them."""
+    if not rd.holds_run():
+        return
+    if not overwrite:
+        try:
+            status = rd.read_json("run.json").get("status", "?")
+        except (OSError, ValueError):
+            status = "unreadable run.json"
+        raise ConfigError(f"output: {rd.path} already holds a run (status {status}); continue it with "
+                          f"`fedray run --resume {rd.path}`, start it over with --overwrite (deletes its results), "
+                          f"or choose another output.name / output.root")
+    rd.clear()
+
+
+def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, overwrite: bool = False) -> Run:
     """Checks before any work, then the data and the run directory (``run.json`` status ``running``)."""
     t_start = time.perf_counter()
     if resume is not None:
@@ -121,6 +136,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None) ->
         check_multi_client(cfg, store.meta)
     if resume is None:
         rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
+        _claim_run_dir(rd, overwrite)
     rd.create()
     if resume is None:
         atomic_write_text(rd.path / "config.yaml", dump_config(cfg))
@@ -194,14 +210,18 @@ def _resume_state(run: Run, engine: Engine, log) -> int:
     rd = run.rd
     start_round = 1
     if run.resume:
-        st = rd.load_checkpoint()
+        st = rd.load_checkpoint()  # what checkpoints/latest names; a damaged one raises
         if st is not None:
             engine.call("load_state_dict", st)
             start_round = int(st["round"]) + 1
             ClientStateStore(run.state_path).prune(keep_from_round=start_round, drop_after_round=int(st["round"]))
             rd.truncate_metrics(int(st["round"]))
         else:
-            rd.truncate_metrics(0)
+            recorded = rd.read_metrics()
+            if recorded:  # never start over silently: the recorded rounds would be lost
+                raise ConfigError(f"--resume {rd.path}: no checkpoint (checkpoints/latest) to continue the "
+                                  f"{len(recorded)} recorded rounds from (output.checkpoint_every="
+                                  f"{run.cfg.output.checkpoint_every}); start over with --overwrite")
             ClientStateStore(run.state_path).clear()
         log(f"[fedray] resuming {rd.path} at round {start_round}")
     else:
@@ -338,13 +358,17 @@ def _callbacks(run: Run, progress: bool, on_round, log) -> list:
 
 
 def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | None = None,
-                   progress: bool | None = None, log=print, on_round=None) -> RunResult:
+                   progress: bool | None = None, log=print, on_round=None, overwrite: bool = False) -> RunResult:
     """Run (or resume) one experiment to the end. Ctrl-C writes a checkpoint and returns early.
+
+    A run directory that already holds a run is refused (``ConfigError``) unless ``overwrite`` deletes
+    its results first; a run that cannot produce a trustworthy result raises, with ``run.json`` status
+    ``failed`` and the reason.
 
     ``on_round(report) -> bool | None`` is called after every round with that round's metrics row;
     returning ``True`` stops the run there (after a checkpoint), e.g. when an Optuna pruner says so.
     The result then has ``stopped_early = True``."""
-    run = setup_run(cfg, resume)
+    run = setup_run(cfg, resume, overwrite)
     cfg = run.cfg
     result = RunResult(run_dir=run.rd.path)
     engine = None

@@ -7,7 +7,8 @@ Layout of ``<output.root>/<name>/``::
     metrics.jsonl          one JSON object per round, appended (the driver is the only writer)
     ledger/round-000001.parquet   per-client rows of each round (client, round, samples, loss, seconds,
                            worker, failure, attempt), one file per round, written atomically
-    checkpoints/ckpt-000010.pkl   atomic (temp file + fsync + rename); ``latest`` names the newest
+    checkpoints/ckpt-000010.npz   arrays + a JSON tree, no pickle (fedray.core.checkpoint); atomic;
+                           ``checkpoints/latest`` names the newest, and is what --resume trusts
     client_state/          per-client state of stateful algorithms (fedray.engine.state)
     tb/                    TensorBoard event files
     summary.json           final metrics and the weights hash (written at the end)
@@ -22,12 +23,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-from fedray.core.io import atomic_write_bytes, atomic_write_text, atomic_writer
+from fedray.core.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from fedray.core.io import atomic_write_text, atomic_writer
 
 
 def _jsonable(x):
@@ -121,15 +123,19 @@ class RunDir:
 
     # --------------------------------------------------------------------------- checkpoints
     def checkpoint_path(self, rnd: int) -> Path:
-        return self.path / "checkpoints" / f"ckpt-{rnd:06d}.pkl"
+        return self.path / "checkpoints" / f"ckpt-{rnd:06d}.npz"
 
     def save_checkpoint(self, state: dict, keep: int = 2) -> Path:
+        """Write round ``state['round']``'s checkpoint, point ``latest`` at it, then remove all but the
+        ``keep`` newest checkpoints of rounds up to this one (and any of later rounds: a stale future)."""
         rnd = int(state["round"])
         path = self.checkpoint_path(rnd)
-        atomic_write_bytes(path, pickle.dumps(state, protocol=5))
+        with atomic_writer(path, suffix=".tmp.npz") as f:
+            write_checkpoint(f, state)
         atomic_write_text(self.path / "checkpoints" / "latest", path.name + "\n")
-        ckpts = sorted((self.path / "checkpoints").glob("ckpt-*.pkl"))
-        for old in ckpts[:-keep]:
+        ckpts = sorted(p for p in (self.path / "checkpoints").glob("ckpt-*.npz") if self.checkpoint_round(p) <= rnd)
+        stale = [p for p in (self.path / "checkpoints").glob("ckpt-*.npz") if self.checkpoint_round(p) > rnd]
+        for old in ckpts[:-keep] + stale:
             old.unlink(missing_ok=True)
         return path
 
@@ -143,21 +149,36 @@ class RunDir:
 
     @staticmethod
     def checkpoint_round(path: Path) -> int:
-        """The round of a checkpoint file named by :meth:`checkpoint_path` (``ckpt-000010.pkl`` -> 10)."""
+        """The round of a checkpoint file named by :meth:`checkpoint_path` (``ckpt-000010.npz`` -> 10)."""
         return int(Path(path).stem.rsplit("-", 1)[1])
 
     def load_checkpoint(self) -> dict | None:
-        """The newest readable checkpoint (a damaged newest one falls back to the previous)."""
-        ckpts = sorted((self.path / "checkpoints").glob("ckpt-*.pkl"), reverse=True)
-        for p in ckpts:
-            try:
-                with open(p, "rb") as f:
-                    state = pickle.load(f)
-                if isinstance(state, dict) and "round" in state and "weights" in state:
-                    return state
-            except Exception:  # noqa: BLE001 - damaged: try the previous one
-                continue
-        return None
+        """The checkpoint ``checkpoints/latest`` names; None when there is none yet. A ``latest`` that names
+        a missing or unreadable file raises :class:`CheckpointError` (never a silent fall-back to an older
+        or a stray file)."""
+        latest = self.path / "checkpoints" / "latest"
+        if not latest.is_file():
+            return None
+        name = latest.read_text().strip()
+        path = self.path / "checkpoints" / name
+        if not name or "/" in name or not path.is_file():
+            raise CheckpointError(f"{latest}: names {name!r}, which is not a checkpoint file in {path.parent}")
+        state = read_checkpoint(path)
+        if not isinstance(state, dict) or "round" not in state or "weights" not in state:
+            raise CheckpointError(f"{path}: not a fedray checkpoint (no round / weights)")
+        return state
+
+    # --------------------------------------------------------------------------- lifecycle
+    def holds_run(self) -> bool:
+        """Whether a run was started here (its ``run.json`` exists)."""
+        return (self.path / "run.json").is_file()
+
+    def clear(self) -> None:
+        """Delete every file a run writes here (``--overwrite``): a new run starts from nothing."""
+        for name in ("checkpoints", "ledger", "client_state", "tb", "faults"):
+            shutil.rmtree(self.path / name, ignore_errors=True)
+        for name in ("metrics.jsonl", "summary.json", "final_weights.npy", "run.json", "config.yaml"):
+            (self.path / name).unlink(missing_ok=True)
 
 
 class TensorBoardLogger:

@@ -190,3 +190,31 @@ def test_atomic_client_failing_past_its_retries_aborts_the_round():
     with pytest.raises(RoundAborted, match=r"client 10 failed 2 times in split iteration 0 .*cannot drop"):
         _run(pool, [Task(((0, 10),), worker=0)], FailurePolicy(1, 5, can_drop=False), atomic=True,
              record_success=False, label=" in split iteration 0")
+
+
+def test_dropped_fraction_over_the_tolerance_aborts_the_run():
+    pool = FakePool(behaviour=lambda widx, items, attempt: {c: "raise" for _, c in items if c == 12} or "ok")
+    sched, _, _ = _run(pool, _tasks([10, 11, 12]), FailurePolicy(0, 5, max_dropped_fraction=0.5))
+    sched.check_drops(3)  # 1 of 3 <= 0.5: the round stands
+    with pytest.raises(RunAborted, match=r"round 7: 1 of 3 clients .*max_dropped_fraction=0.2\); client 12: ValueError"):
+        _run(FakePool(behaviour=pool.behaviour), _tasks([10, 11, 12]),
+             FailurePolicy(0, 5, max_dropped_fraction=0.2))[0].check_drops(3)
+    everyone = FakePool(behaviour=lambda widx, items, attempt: {c: "raise" for _, c in items})
+    sched, _, _ = _run(everyone, _tasks([10, 11]), FailurePolicy(0, 5, max_dropped_fraction=1.0))
+    with pytest.raises(RunAborted, match="2 of 2 clients"):
+        sched.check_drops(2)  # nothing left to average: never a result
+
+
+def test_a_configuration_error_is_fatal_at_once():
+    class Fatal(FakePool):
+        def result(self, h):
+            outs = super().result(h)
+            for o in outs:
+                if o.cid == 11:
+                    o.error, o.fatal, o.weights = "ConfigError: model has no feature tap 'nope'\n", True, None
+            return outs
+
+    pool = Fatal()
+    with pytest.raises(RunAborted, match=r"client 11: ConfigError: model has no feature tap 'nope'"):
+        _run(pool, _tasks([10, 11, 12]), FailurePolicy(max_client_retries=5, max_worker_restarts=5))
+    assert sum(items == ((1, 11),) for _, items, _ in pool.submitted) == 1  # never retried

@@ -183,7 +183,7 @@ def test_stop_then_resume_job(head, tmp_path):
     status = _status(head, "fedray-test-stop")
     done = len((run_dir / "metrics.jsonl").read_text().splitlines())
     assert status == "STOPPED" and done < 8, (status, done)
-    assert sorted((run_dir / "checkpoints").glob("ckpt-*.pkl")), "the stopped job left no checkpoint"
+    assert sorted((run_dir / "checkpoints").glob("ckpt-*.npz")), "the stopped job left no checkpoint"
     r = _ray_job(head, "submit", "--submission-id", "fedray-test-resume", "--working-dir", ".", "--runtime-env",
                  "cluster/runtime_env.yaml", "--", "python", "-m", "jobs.train", "--resume", str(run_dir))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

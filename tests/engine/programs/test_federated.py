@@ -44,6 +44,7 @@ def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
             pass
 
     eng = types.SimpleNamespace(over_selection=0, round_deadline_s=None, reorder_window=None, max_client_retries=1,
+                                max_dropped_fraction=1.0,
                                 max_worker_restarts=10, chunk_size=1, multi_client=1)
     cfg = types.SimpleNamespace(engine=eng, train=types.SimpleNamespace(clients_per_round=6))
     prog = FederatedProgram(cfg=cfg, algorithm=types.SimpleNamespace(client_weight=lambda n: float(n)),
