@@ -375,8 +375,20 @@ def validate_config(cfg: ExperimentConfig) -> None:
             f"data.partition.num_clients={p.num_clients} clients"
         )
     for k in ("alpha", "beta"):
-        if k in p.params:
-            check_value(p.params[k], _PARTITION_CONCENTRATION, f"data.partition.params.{k}", ConfigError)
+        if k not in p.params:
+            continue
+        v = p.params[k]
+        if k == "alpha" and isinstance(v, (list, tuple)):  # dirichlet: one concentration per client
+            if len(v) != p.num_clients:
+                raise ConfigError(f"data.partition.params.alpha: a list needs one value per client "
+                                  f"(data.partition.num_clients={p.num_clients}), got {len(v)}")
+            for i, a in enumerate(v):
+                check_value(a, _PARTITION_CONCENTRATION, f"data.partition.params.alpha[{i}]", ConfigError)
+        else:
+            check_value(v, _PARTITION_CONCENTRATION, f"data.partition.params.{k}", ConfigError)
+    _positive("seed", cfg.seed, allow_zero=True)
+    if p.seed is not None:
+        _positive("data.partition.seed", p.seed, allow_zero=True)
     _positive("eval.every", cfg.eval.every)
     if not 0 <= cfg.eval.ema < 1:
         raise ConfigError(f"eval.ema: must be in [0, 1), got {cfg.eval.ema!r}")

@@ -1,13 +1,15 @@
-"""Checks of the plugin names a config uses, before any work (``fedray run``, ``fedray tune``, sweeps)."""
+"""Checks of the plugins a config uses, before any work (``fedray run``, ``fedray tune``, sweeps)."""
 
 from __future__ import annotations
 
 from fedray.algorithms import build_algorithm, build_server_optimizer
 from fedray.config import ConfigError, ExperimentConfig
+from fedray.data.loader import Augment
 from fedray.data.sources import SOURCES
-from fedray.models import MODELS
+from fedray.data.table import DataError
+from fedray.models import MODELS, model_for_meta
 
-__all__ = ["check_registries"]
+__all__ = ["check_model", "check_output_root", "check_registries"]
 
 
 def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
@@ -25,7 +27,37 @@ def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
                               f"(known: {', '.join(sorted(opts))})")
         if cfg.data.source not in SOURCES:
             raise ConfigError(f"data.source: unknown source {cfg.data.source!r} (known: {', '.join(sorted(SOURCES))})")
+        try:
+            Augment.from_spec(cfg.train.augment)
+        except DataError as e:
+            raise ConfigError(f"train.{e}") from None
     except ConfigError as e:
         if where is None:
             raise
         raise ConfigError(f"{where}: {e}") from None
+
+
+def check_model(cfg: ExperimentConfig, meta) -> None:
+    """Build the model once for the data's shape, so a bad option value fails before any work, naming
+    ``model.params`` (the builders raise ValueError)."""
+    try:
+        model_for_meta(cfg.model.name, meta, **cfg.model.params)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model.params: {e}") from None
+
+
+def check_output_root(cfg: ExperimentConfig) -> None:
+    """``output.root`` (and ``data.cache_dir``) must be directories this process can create and write."""
+    import os
+    from pathlib import Path
+
+    for name, value in (("output.root", cfg.output.root), ("data.cache_dir", cfg.data.cache_dir)):
+        if not value:
+            continue
+        path = Path(value)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{name}: cannot create {str(path)!r} ({e.strerror or e})") from None
+        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{name}: {str(path)!r} is not a writable directory")

@@ -32,7 +32,7 @@ from fedray.engine.faults import FaultInjector
 from fedray.engine.pool import RayPool, default_num_workers
 from fedray.engine.replica import worker_spec
 from fedray.engine.state import ClientStateStore
-from fedray.plugins import check_registries
+from fedray.plugins import check_model, check_output_root, check_registries
 from fedray.reporting.rundir import RunDir
 
 __all__ = ["Engine", "RoundLoop", "Run", "RunResult", "default_run_name", "finish_run", "prepare_data",
@@ -131,7 +131,9 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
     check_registries(cfg)
+    check_output_root(cfg)
     bundle, store = prepare_data(cfg)
+    check_model(cfg, store.meta)
     if int(cfg.engine.multi_client) > 1:  # refuse unsupported algorithms / models before any engine work
         check_multi_client(cfg, store.meta)
     if resume is None:

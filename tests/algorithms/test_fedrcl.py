@@ -229,7 +229,8 @@ def test_feddyn_server_correction_matches_formula():
         algo.broadcast(rnd, theta, state)
         clients = [theta + 0.1 * rng.standard_normal(50).astype(np.float32) for _ in range(3)]
         avg = np.mean(clients, axis=0).astype(np.float32)
-        new, state = algo.after_aggregate(rnd, avg, [{"cid": i, "num_samples": 5, "feddyn": 1} for i in range(3)], state)
+        new, state = algo.after_aggregate(rnd, avg, [{"cid": i, "num_samples": 5, "feddyn": 1} for i in range(3)], state,
+                                          broadcast=theta)
         h = h - 0.1 / 10 * sum(c.astype(np.float64) - theta for c in clients)
         np.testing.assert_allclose(state["h"], h, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(new, avg - h / 0.1, rtol=1e-5, atol=1e-6)
