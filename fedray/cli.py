@@ -110,26 +110,33 @@ def _cmd_partition(args) -> int:
 
 def _cmd_datasets(args) -> int:
     from fedray.algorithms import ALGORITHMS, SERVER_OPTIMIZERS
+    from fedray.core.params import param_lines
     from fedray.data.partition import PARTITIONERS
-    from fedray.data.sources import list_sources
+    from fedray.data.sources import SOURCES, list_sources
     from fedray.models import list_models
 
-    print("data sources (data.source):")
-    for name, desc in list_sources():
-        print(f"  {name:18s} {desc}")
-    print("\npartitioners (data.partition.name):")
-    for name, spec in sorted(PARTITIONERS.items()):
-        text = (getattr(spec, "description", None) or getattr(spec, "doc", None) or "").strip()
+    def entry(name: str, text: str, params=None) -> None:
+        """One registry entry: its name and first description line, then its parameters (default, rule, doc)."""
+        text = (text or "").strip()
         print(f"  {name:18s} {text.splitlines()[0] if text else ''}")
+        for line in param_lines(params or {}, indent=" " * 23):
+            print(line)
+
+    print("data sources (data.source; data.params):")
+    for name, desc in list_sources():
+        entry(name, desc, SOURCES[name].params)
+    print("\npartitioners (data.partition.name; data.partition.params):")
+    for name, spec in sorted(PARTITIONERS.items()):
+        entry(name, getattr(spec, "description", None) or getattr(spec, "doc", None), spec.params)
     print("\nmodels (model.name):")
     for name, desc in list_models():
-        print(f"  {name:18s} {desc}")
-    print("\nalgorithms (algorithm.name):")
+        entry(name, desc)
+    print("\nalgorithms (algorithm.name; algorithm.params):")
     for name, cls in sorted(ALGORITHMS.items()):
-        print(f"  {name:18s} {cls.description}")
-    print("\nserver optimizers (server.name):")
+        entry(name, cls.description, cls.params_spec)
+    print("\nserver optimizers (server.name; server.params):")
     for name, cls in SERVER_OPTIMIZERS.items():
-        print(f"  {name:18s} {cls.description}")
+        entry(name, cls.description, cls.params_spec)
     return 0
 
 

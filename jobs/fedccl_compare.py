@@ -70,7 +70,7 @@ def method_params(method: str, base: dict) -> dict:
     from fedray.algorithms import ALGORITHMS, build_algorithm
 
     build_algorithm(method, {})  # imports the registry, checks the name
-    known = ALGORITHMS[method].defaults
+    known = ALGORITHMS[method].params_spec
     return {k: v for k, v in base.items() if k in known}
 
 

@@ -581,14 +581,14 @@ def _check_free_key(path: str, owner: str, cfg: ExperimentConfig) -> None:
         cls = ALGORITHMS.get(cfg.algorithm.name)
         if cls is None:
             raise ConfigError(f"algorithm.name: unknown algorithm {cfg.algorithm.name!r} (known: {', '.join(sorted(ALGORITHMS))})")
-        known, what = list(cls.defaults), f"algorithm {cfg.algorithm.name!r}"
+        known, what = list(cls.params_spec), f"algorithm {cfg.algorithm.name!r}"
     elif owner == "server.params":
         from fedray.algorithms import SERVER_OPTIMIZERS
 
         cls = SERVER_OPTIMIZERS.get(cfg.server.name)
         if cls is None:
             raise ConfigError(f"server.name: unknown server optimizer {cfg.server.name!r}")
-        known, what = list(cls.defaults), f"server optimizer {cfg.server.name!r}"
+        known, what = list(cls.params_spec), f"server optimizer {cfg.server.name!r}"
     elif owner == "model.params":
         from fedray.models import MODELS
 

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from fedray.config import ConfigError
+from fedray.core.params import ParamSpec, check_params
 from fedray.core.seeds import PURPOSES
 from fedray.losses import proximal_term
 
@@ -106,44 +107,36 @@ class ClientUpdate:
 
 
 class Algorithm:
-    """Base class. Subclasses set ``name``, ``defaults`` and override the hooks they need."""
+    """Base class. Subclasses set ``name``, ``params_spec`` and override the hooks they need.
+
+    ``params_spec`` declares every parameter as a :class:`~fedray.core.params.ParamSpec` (default, doc, type,
+    bounds, choices); a subclass that adds parameters to its parent's writes ``{**Parent.params_spec, ...}``.
+    ``__init__`` resolves the given params against it (defaults filled in, unknown keys and wrong types or
+    ranges rejected as ``algorithm.params.<name>: ...``) into ``self.params``; :meth:`validate` is left for
+    the rules one value cannot express (several fields, the experiment config, value normalisation)."""
 
     name: str = ""
     program: str = "federated"
     stateful_clients: bool = False
-    defaults: dict[str, Any] = {}
+    params_spec: dict[str, ParamSpec] = {}
     description: str = ""
     # Multi-client execution (``engine.multi_client > 1``, fedray.engine.client.grouped) trains several clients at
     # once with stacked parameters, for local losses CE(model(x), y) + mu/2 ||w - w_broadcast||^2 only. A class
     # opts in by setting this *itself*: it is not inherited, since subclasses usually change the loss.
     supports_multi_client: bool = False
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        reject_defaults_table(cls)
+
     def __init__(self, params: dict | None, cfg=None):
-        params = dict(params or {})
-        unknown = sorted(set(params) - set(self.defaults))
-        if unknown:
-            raise ConfigError(
-                f"algorithm.params.{unknown[0]}: unknown parameter for {self.name!r} "
-                f"(known: {', '.join(sorted(self.defaults)) or 'none'})"
-            )
-        self.params = {**self.defaults, **params}
+        self.params = check_params(dict(params or {}), self.params_spec, "algorithm.params", ConfigError)
         self.cfg = cfg
         self.validate()
 
     def validate(self) -> None:
-        """Check ``self.params``; raise ConfigError('algorithm.params.x: ...')."""
-
-    def _require_nonneg(self, *names):
-        for n in names:
-            v = self.params[n]
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise ConfigError(f"algorithm.params.{n}: must be a number >= 0, got {v!r}")
-
-    def _require_pos(self, *names):
-        for n in names:
-            v = self.params[n]
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"algorithm.params.{n}: must be a number > 0, got {v!r}")
+        """Rules beyond the per-value checks of ``params_spec`` (several fields, ``self.cfg``); raise
+        ConfigError('algorithm.params.x: ...')."""
 
     # ----------------------------------------------------------------- server side
     def init_state(self, weights: np.ndarray) -> dict:
@@ -296,6 +289,14 @@ def broadcast_proximal_term(ctx: ClientContext, params) -> Callable[[], torch.Te
     params = list(params)
     anchors = param_anchors(ctx, ctx.global_weights, params)
     return lambda: proximal_term(params, anchors, mu)
+
+
+def reject_defaults_table(cls: type) -> None:
+    """A plug-in class (algorithm or server optimizer) declaring the retired ``defaults`` dict would have its
+    parameters silently ignored: fail at class creation instead."""
+    if "defaults" in cls.__dict__:
+        raise TypeError(f"{cls.__name__}: declare parameters as params_spec = {{name: ParamSpec(default, doc, ...)}}, "
+                        "not as a defaults dict")
 
 
 # ------------------------------------------------------------------------------- registry

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, param_anchors, register
-from fedray.algorithms.fedavg import FedAvg
-from fedray.algorithms.fedrcl import level_taps, normalize_levels
+from fedray.algorithms.fedavg import WEIGHTING, FedAvg
+from fedray.algorithms.fedrcl import LEVELS_SPEC, level_taps, normalize_levels
 from fedray.config import ConfigError
+from fedray.core.params import ParamSpec
 from fedray.core.weights import load_flat
 from fedray.losses import (
     decorrelation_loss,
@@ -48,12 +49,6 @@ class _FrozenCopies:
         return model
 
 
-def _check_fraction(params: dict, name: str) -> None:
-    v = params[name]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-        raise ConfigError(f"algorithm.params.{name}: must be a number in [0, 1], got {v!r}")
-
-
 # ------------------------------------------------------------------------------------------------ FitNet
 @register
 class FitNet(_FrozenCopies, FedAvg):
@@ -65,12 +60,12 @@ class FitNet(_FrozenCopies, FedAvg):
     """
 
     name = "fitnet"
-    defaults = {"lam": 1e-3, "levels": "all", "weighting": "samples"}
+    params_spec = {"lam": ParamSpec(1e-3, "lambda: weight of the feature-matching hint", float, ge=0),
+                   "levels": LEVELS_SPEC, "weighting": WEIGHTING}
     description = "FedAvg + FitNet feature matching to the global model at every level"
 
     def validate(self):
         super().validate()
-        self._require_nonneg("lam")
         self.params["levels"] = normalize_levels(self.params["levels"])
 
     def make_loss(self, ctx: ClientContext, payload: dict):
@@ -103,13 +98,10 @@ class MOON(_FrozenCopies, FedAvg):
 
     name = "moon"
     stateful_clients = True
-    defaults = {"mu": 1.0, "tau": 0.5, "weighting": "samples"}
+    params_spec = {"mu": ParamSpec(1.0, "mu: weight of the model-contrastive term", float, ge=0),
+                   "tau": ParamSpec(0.5, "tau: temperature of the model-contrastive term", float, gt=0),
+                   "weighting": WEIGHTING}
     description = "MOON: CE + model-contrastive loss (global vs previous local representation)"
-
-    def validate(self):
-        super().validate()
-        self._require_nonneg("mu")
-        self._require_pos("tau")
 
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
         mu, tau = float(self.params["mu"]), float(self.params["tau"])
@@ -140,12 +132,9 @@ class FedLC(FedAvg):
     """
 
     name = "fedlc"
-    defaults = {"tau": 1.0, "weighting": "samples"}
+    params_spec = {"tau": ParamSpec(1.0, "tau: calibration strength (logits shifted by tau * n_c^(-1/4))", float, ge=0),
+                   "weighting": WEIGHTING}
     description = "FedLC: cross-entropy on logits calibrated by local class counts"
-
-    def validate(self):
-        super().validate()
-        self._require_nonneg("tau")
 
     def make_loss(self, ctx: ClientContext, payload: dict):
         counts = torch.bincount(torch.from_numpy(np.array(ctx.labels, dtype=np.int64)),
@@ -168,13 +157,11 @@ class FedNTD(_FrozenCopies, FedAvg):
     """
 
     name = "fedntd"
-    defaults = {"beta": 0.3, "tau": 1.0, "weighting": "samples"}
+    params_spec = {"beta": ParamSpec(0.3, "beta: weight of the not-true distillation against (1 - beta) CE", float,
+                                     ge=0, le=1),
+                   "tau": ParamSpec(1.0, "tau: distillation temperature", float, gt=0),
+                   "weighting": WEIGHTING}
     description = "FedNTD: (1-beta) CE + beta KL on not-true logits vs the global model"
-
-    def validate(self):
-        super().validate()
-        _check_fraction(self.params, "beta")
-        self._require_pos("tau")
 
     def make_loss(self, ctx: ClientContext, payload: dict):
         if int(ctx.num_classes) < 2:
@@ -201,12 +188,9 @@ class FedDecorr(FedAvg):
     """
 
     name = "feddecorr"
-    defaults = {"beta": 0.01, "weighting": "samples"}
+    params_spec = {"beta": ParamSpec(0.01, "beta: weight of the decorrelation term", float, ge=0),
+                   "weighting": WEIGHTING}
     description = "FedDecorr: CE + beta * decorrelation of standardised batch embeddings"
-
-    def validate(self):
-        super().validate()
-        self._require_nonneg("beta")
 
     def make_loss(self, ctx: ClientContext, payload: dict):
         beta = float(self.params["beta"])
@@ -254,13 +238,14 @@ class FedMLB(_FrozenCopies, FedAvg):
     """
 
     name = "fedmlb"
-    defaults = {"lam1": 1.0, "lam2": 1.0, "tau": 1.0, "weighting": "samples"}
+    params_spec = {"lam1": ParamSpec(1.0, "lambda1: weight of the hybrid branches' CE", float, ge=0),
+                   "lam2": ParamSpec(1.0, "lambda2: weight of the hybrid branches' KL distillation", float, ge=0),
+                   "tau": ParamSpec(1.0, "tau: distillation temperature", float, gt=0),
+                   "weighting": WEIGHTING}
     description = "FedMLB: CE + CE and KL of hybrid branches through the global model's upper blocks"
 
     def validate(self):
         super().validate()
-        self._require_nonneg("lam1", "lam2")
-        self._require_pos("tau")
         self._check_model()
 
     def _check_model(self) -> None:
@@ -324,12 +309,9 @@ class FedProc(FedAvg):
     """
 
     name = "fedproc"
-    defaults = {"tau": 1.0, "weighting": "samples"}
+    params_spec = {"tau": ParamSpec(1.0, "tau: temperature of the prototype contrast", float, gt=0),
+                   "weighting": WEIGHTING}
     description = "FedProc: prototype contrast with global class prototypes, annealed against CE"
-
-    def validate(self):
-        super().validate()
-        self._require_pos("tau")
 
     def _alpha(self, rnd: int) -> float:
         if self.cfg is None:
@@ -415,11 +397,8 @@ class FedDyn(Algorithm):
 
     name = "feddyn"
     stateful_clients = True
-    defaults = {"alpha": 0.1}
+    params_spec = {"alpha": ParamSpec(0.1, "alpha: weight of the dynamic regulariser (client and server)", float, gt=0)}
     description = "FedDyn: dynamic regularisation with per-client gradient state (alpha = 0.1)"
-
-    def validate(self):
-        self._require_pos("alpha")
 
     def client_weight(self, num_samples: int) -> float:
         return 1.0

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from fedray.algorithms.base import Algorithm, ClientHints, register
-from fedray.config import ConfigError
+from fedray.core.params import ParamSpec
+
+WEIGHTING = ParamSpec("samples", "aggregation weight of a client: 'samples' (its sample count) or 'uniform' (equal)",
+                      str, choices=("samples", "uniform"))
 
 
 @register
@@ -15,12 +18,8 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     supports_multi_client = True  # local loss: cross-entropy only (fedray.engine.client.grouped)
-    defaults = {"weighting": "samples"}
+    params_spec = {"weighting": WEIGHTING}
     description = "Federated averaging (cross-entropy, sample-weighted mean)"
-
-    def validate(self):
-        if self.params["weighting"] not in ("samples", "uniform"):
-            raise_cfg("weighting", self.params["weighting"], "samples or uniform")
 
     def client_weight(self, num_samples: int) -> float:
         return 1.0 if self.params["weighting"] == "uniform" else float(num_samples)
@@ -35,17 +34,11 @@ class FedProx(FedAvg):
 
     name = "fedprox"
     supports_multi_client = True  # cross-entropy + proximal term (fedray.engine.client.grouped)
-    defaults = {"mu": 1e-3, "weighting": "samples"}
+    params_spec = {"mu": ParamSpec(1e-3, "weight of the proximal term mu/2 ||w - w_global||^2", float, ge=0),
+                   **FedAvg.params_spec}
     description = "FedAvg with a proximal term mu/2 ||w - w_global||^2"
-
-    def validate(self):
-        super().validate()
-        self._require_nonneg("mu")
 
     def client_hints(self) -> ClientHints:
         # the proximal term of local_sgd (and of multi-client training), anchored at the broadcast weights
         return ClientHints(prox_mu=float(self.params["mu"]))
 
-
-def raise_cfg(field, value, expected):
-    raise ConfigError(f"algorithm.params.{field}: expected {expected}, got {value!r}")

@@ -52,19 +52,17 @@ import torch.nn.functional as F
 from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, register
 from fedray.algorithms.fedavg import FedAvg
 from fedray.algorithms.prototypes import (
+    SIGNAL_TAP,
     SignalAccounting,
     arrays_nbytes,
     as_tensor,
-    cfg_error,
-    check_bool,
-    check_choice,
     class_means,
     clustered_means,
-    _validate_tap,
     embed_client,
     logits_and_features,
     resolve_signal_tap,
 )
+from fedray.core.params import ParamSpec
 
 SIGNALS = ("both", "local", "global")
 MODES = ("clustered", "averaged")
@@ -111,17 +109,6 @@ def global_signals(signals: np.ndarray, labels: np.ndarray, mode: str = "cluster
 # --------------------------------------------------------------------------------------------------------
 
 
-def _validate_adv(params: dict, algo) -> None:
-    check_choice(params, "adv", ADV)
-    algo._require_pos("adv_eps")
-    s = params["adv_steps"]
-    if isinstance(s, bool) or not isinstance(s, int) or s < 1:
-        raise cfg_error("adv_steps", s, "an integer >= 1")
-    if params["adv_alpha"] is not None:
-        algo._require_pos("adv_alpha")
-    check_bool(params, "adv_random_start")
-
-
 class AdversarialExamples:
     """Per-client generator of adversarial training batches: model-space batch in, model-space batch out.
 
@@ -153,7 +140,13 @@ class AdversarialExamples:
         return self.space.to_model(xa)
 
 
-ADV_DEFAULTS = {"adv": "pgd", "adv_eps": 0.1, "adv_steps": 10, "adv_alpha": None, "adv_random_start": True}
+ADV_SPEC = {
+    "adv": ParamSpec("pgd", "attack generating the training examples: 'pgd' or 'fgsm'", str, choices=ADV),
+    "adv_eps": ParamSpec(0.1, "pixel-space L-inf radius of the attack", float, gt=0),
+    "adv_steps": ParamSpec(10, "PGD steps", int, ge=1),
+    "adv_alpha": ParamSpec(None, "PGD step size (null: 2.5 * adv_eps / adv_steps)", float, gt=0, nullable=True),
+    "adv_random_start": ParamSpec(True, "PGD starts at a uniform point of the eps-ball", bool),
+}
 
 
 @register
@@ -162,12 +155,8 @@ class FedAvgPlus(FedAvg):
     (PGD/FGSM in pixel space, radius ``adv_eps``; see the module docstring)."""
 
     name = "fedavg_plus"
-    defaults = {"weighting": "samples", **ADV_DEFAULTS}
+    params_spec = {**FedAvg.params_spec, **ADV_SPEC}
     description = "FedAvg with local adversarial training (CE on PGD/FGSM examples)"
-
-    def validate(self):
-        super().validate()
-        _validate_adv(self.params, self)
 
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
         adv = AdversarialExamples(ctx, self.params)
@@ -190,20 +179,19 @@ class FedCCL(SignalAccounting, Algorithm):
     coordinator-side FINCH over the collected signals (module docstring; τ = 0.07, weights 1)."""
 
     name = "fedccl"
-    defaults = {"tau": 0.07, "w_local": 1.0, "w_global": 1.0, "signals": "both", "local_mode": "clustered",
-                "global_mode": "clustered", "tap": "auto"}
+    params_spec = {
+        "tau": ParamSpec(0.07, "tau: temperature of both signal contrasts", float, gt=0),
+        "w_local": ParamSpec(1.0, "weight of the local-signal contrast L_local (Eq. 18)", float, ge=0),
+        "w_global": ParamSpec(1.0, "weight of the global-signal contrast L_global (Eq. 18)", float, ge=0),
+        "signals": ParamSpec("both", "contrast terms used: 'both', 'local' or 'global'", str, choices=SIGNALS),
+        "local_mode": ParamSpec("clustered", "a client's signal of a class: 'clustered' (FINCH cluster means) or "
+                                "'averaged' (its class mean)", str, choices=MODES),
+        "global_mode": ParamSpec("clustered", "global signal U_j: 'clustered' (FINCH, Eq. 13-15) or 'averaged' "
+                                 "(plain mean, Eq. 12)", str, choices=MODES),
+        "tap": SIGNAL_TAP,
+    }
     description = "FedCCL: local + global clustered-signal contrast (FINCH on clients and coordinator)"
     adversarial = False
-
-    def validate(self):
-        self._require_pos("tau")
-        self._require_nonneg("w_local", "w_global")
-        check_choice(self.params, "signals", SIGNALS)
-        check_choice(self.params, "local_mode", MODES)
-        check_choice(self.params, "global_mode", MODES)
-        _validate_tap(self)
-        if self.adversarial:
-            _validate_adv(self.params, self)
 
     @property
     def uses_local(self) -> bool:
@@ -306,6 +294,6 @@ class FedCCLPlus(FedCCL):
     (features f(x̃) contrasted with the clean-data signals); parameters as FedCCL plus ``adv*``."""
 
     name = "fedccl_plus"
-    defaults = {**FedCCL.defaults, **ADV_DEFAULTS}
+    params_spec = {**FedCCL.params_spec, **ADV_SPEC}
     description = "FedCCL with local adversarial training (FedCCL+)"
     adversarial = True

@@ -15,12 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from fedray.algorithms.base import ClientContext, register
-from fedray.algorithms.fedavg import FedAvg
+from fedray.algorithms.fedavg import WEIGHTING, FedAvg
 from fedray.config import ConfigError
+from fedray.core.params import ParamSpec
 from fedray.losses import RCL_VARIANTS, multilevel_relaxed_contrastive_loss, supcon_infonce_loss
 from fedray.models import pool_tap
 
 LEVELS = ("all", "last")
+# a list form ([last]) is accepted too, so the value is checked by normalize_levels in validate()
+LEVELS_SPEC = ParamSpec("all", "feature levels: 'all' (every tap but embedding) or 'last' (the last one; [last] too)")
 
 
 def normalize_levels(value) -> str:
@@ -42,14 +45,6 @@ def level_taps(model, levels: str) -> list[str]:
     return taps if levels == "all" else taps[-1:]
 
 
-def _require_number(params: dict, name: str, lo: float | None = None, hi: float | None = None) -> None:
-    v = params[name]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        raise ConfigError(f"algorithm.params.{name}: must be a number, got {v!r}")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ConfigError(f"algorithm.params.{name}: must lie in [{lo}, {hi}], got {v!r}")
-
-
 @register
 class FedRCL(FedAvg):
     r"""FedRCL: cross-entropy plus the multi-level relaxed contrastive loss.
@@ -69,17 +64,20 @@ class FedRCL(FedAvg):
     """
 
     name = "fedrcl"
-    defaults = {"lam": 0.7, "beta": 1.0, "tau": 0.05, "variant": "reference", "levels": "all", "weighting": "samples"}
+    params_spec = {
+        "lam": ParamSpec(0.7, "lambda: similarity threshold from which a same-class pair is penalised", float,
+                         ge=-1.0, le=1.0),
+        "beta": ParamSpec(1.0, "beta: weight of the divergence penalty", float, ge=0),
+        "tau": ParamSpec(0.05, "tau: temperature of the cosine similarities", float, gt=0),
+        "variant": ParamSpec("reference", "'reference' (the authors' released code) or 'paper' (Eq. 5 read literally)",
+                             str, choices=tuple(RCL_VARIANTS)),
+        "levels": LEVELS_SPEC,
+        "weighting": WEIGHTING,
+    }
     description = "FedRCL: CE + multi-level relaxed contrastive loss (SCL + beta * divergence penalty)"
 
     def validate(self):
         super().validate()
-        self._require_pos("tau")
-        self._require_nonneg("beta")
-        _require_number(self.params, "lam", -1.0, 1.0)
-        if self.params["variant"] not in RCL_VARIANTS:
-            raise ConfigError(f"algorithm.params.variant: expected one of {', '.join(RCL_VARIANTS)}, "
-                              f"got {self.params['variant']!r}")
         self.params["levels"] = normalize_levels(self.params["levels"])
 
     def make_loss(self, ctx: ClientContext, payload: dict):
@@ -106,7 +104,7 @@ class FedSCL(FedRCL):
     """
 
     name = "fedscl"
-    defaults = {"tau": 0.05, "variant": "reference", "levels": "all", "weighting": "samples"}
+    params_spec = {k: FedRCL.params_spec[k] for k in ("tau", "variant", "levels", "weighting")}
     description = "FedSCL: CE + multi-level supervised contrastive loss (FedRCL with beta = 0)"
 
     def validate(self):
@@ -133,8 +131,14 @@ class FedCL(FedAvg):
     """
 
     name = "fedcl"
-    defaults = {"tau": 0.05, "weight": 1.0, "levels": "all", "view_augment": ["rotate", "crop", "flip"],
-                "weighting": "samples"}
+    params_spec = {
+        "tau": ParamSpec(0.05, "tau: temperature of the NT-Xent loss", float, gt=0),
+        "weight": ParamSpec(1.0, "w: weight of the NT-Xent term", float, ge=0),
+        "levels": LEVELS_SPEC,
+        "view_augment": ParamSpec(["rotate", "crop", "flip"],
+                                  "augmentations drawing the two views (train.augment form; at least one)"),
+        "weighting": WEIGHTING,
+    }
     description = "FedCL: CE + multi-level self-supervised InfoNCE between two augmented views"
 
     def validate(self):
@@ -142,8 +146,6 @@ class FedCL(FedAvg):
         from fedray.data.table import DataError
 
         super().validate()
-        self._require_pos("tau")
-        self._require_nonneg("weight")
         self.params["levels"] = normalize_levels(self.params["levels"])
         try:
             aug = Augment.from_spec(self.params["view_augment"])

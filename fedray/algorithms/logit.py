@@ -13,9 +13,10 @@ import torch
 
 from fedray.algorithms.base import ClientContext, ClientUpdate, register
 from fedray.algorithms.baselines import FedLC
-from fedray.algorithms.fedavg import FedAvg
-from fedray.config import ConfigError
-from fedray.losses import ZERO_MODES, label_prior, logit_adjusted_ce
+from fedray.algorithms.fedavg import WEIGHTING, FedAvg
+from fedray.algorithms.split import EPS_SPEC, ZERO_MODE_SPEC
+from fedray.core.params import ParamSpec
+from fedray.losses import label_prior, logit_adjusted_ce
 
 __all__ = ["FedLogit", "FedLA"]
 
@@ -43,19 +44,14 @@ class FedLogit(_SeededLocalTraining, FedAvg):
     """
 
     name = "fedlogit"
-    defaults = {"prior": "local", "zero_mode": "clamp", "eps": 1e-9, "weighting": "samples"}
+    params_spec = {
+        "prior": ParamSpec("local", "P_k: the client's whole label distribution ('local') or the minibatch's ('batch')",
+                           str, choices=("local", "batch")),
+        "zero_mode": ZERO_MODE_SPEC,
+        "eps": EPS_SPEC,
+        "weighting": WEIGHTING,
+    }
     description = "FedLogit: FedAvg with the logit-adjusted local loss CE(z + log P_k) (SCALA Eq. 15)"
-
-    def validate(self):
-        super().validate()
-        if self.params["prior"] not in ("local", "batch"):
-            raise ConfigError(f"algorithm.params.prior: must be 'local' or 'batch', got {self.params['prior']!r}")
-        if self.params["zero_mode"] not in ZERO_MODES:
-            raise ConfigError(f"algorithm.params.zero_mode: must be one of {list(ZERO_MODES)}, "
-                              f"got {self.params['zero_mode']!r}")
-        eps = self.params["eps"]
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-            raise ConfigError(f"algorithm.params.eps: must be a number in (0, 1), got {eps!r}")
 
     def make_loss(self, ctx: ClientContext, payload: dict):
         eps, zm = float(self.params["eps"]), self.params["zero_mode"]

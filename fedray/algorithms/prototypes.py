@@ -37,7 +37,6 @@ Every method uses CE only while no prototype exists (the first round). Round met
 
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 import torch
@@ -45,24 +44,11 @@ import torch.nn.functional as F
 
 from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, register
 from fedray.config import ConfigError
+from fedray.core.params import ParamSpec
 
 # --------------------------------------------------------------------------------------------------------
 # shared helpers (also used by fedray.algorithms.fedccl)
 # --------------------------------------------------------------------------------------------------------
-
-
-def cfg_error(name: str, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"algorithm.params.{name}: expected {expected}, got {value!r}")
-
-
-def check_choice(params: dict, name: str, choices: tuple[str, ...]) -> None:
-    if params[name] not in choices:
-        raise cfg_error(name, params[name], " or ".join(repr(c) for c in choices))
-
-
-def check_bool(params: dict, name: str) -> None:
-    if not isinstance(params[name], bool):
-        raise cfg_error(name, params[name], "true or false")
 
 
 def resolve_tap(model, tap: str) -> str:
@@ -87,9 +73,9 @@ def resolve_signal_tap(model, tap: str) -> str:
     return resolve_tap(model, tap)
 
 
-def _validate_tap(algo) -> None:
-    if not isinstance(algo.params["tap"], str):
-        raise cfg_error("tap", algo.params["tap"], "a feature tap name or 'auto'")
+# the tap must exist on the model, so the name is checked when a client resolves it (resolve_signal_tap)
+SIGNAL_TAP = ParamSpec("auto", "feature tap whose features are contrasted and uploaded ('auto': head_hidden with a "
+                       "frozen backbone, else embedding)", str)
 
 
 def logits_and_features(model, x: torch.Tensor, tap: str = "embedding") -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,12 +289,9 @@ class FedProto(_RoundPrototypes):
     round's client prototypes of class c (module docstring). μ = 1 (FedProto's λ; MarsFL uses 2)."""
 
     name = "fedproto"
-    defaults = {"mu": 1.0, "tap": "auto"}
+    params_spec = {"mu": ParamSpec(1.0, "mu: weight of the MSE to the global class prototypes", float, ge=0),
+                   "tap": SIGNAL_TAP}
     description = "FedProto under FedAvg: MSE to the mean class prototypes of the round's clients"
-
-    def validate(self):
-        self._require_nonneg("mu")
-        _validate_tap(self)
 
     def server_prototypes(self, protos, classes):
         means, cls = class_means(protos, classes)
@@ -326,12 +309,9 @@ class FPL(_RoundPrototypes):
     (module docstring)."""
 
     name = "fpl"
-    defaults = {"tau": 0.02, "tap": "auto"}
+    params_spec = {"tau": ParamSpec(0.02, "T: temperature of the cluster-prototype InfoNCE", float, gt=0),
+                   "tap": SIGNAL_TAP}
     description = "FPL: server FINCH over class prototypes, cluster-prototype InfoNCE + MSE to their mean"
-
-    def validate(self):
-        self._require_pos("tau")
-        _validate_tap(self)
 
     def server_prototypes(self, protos, classes):
         cluster, cluster_labels = clustered_means(protos, classes, "clustered")
@@ -390,14 +370,16 @@ class FedPCL(SignalAccounting, Algorithm):
     client's latest class prototypes (missing classes filled with the global average), τ = 0.07."""
 
     name = "fedpcl"
-    defaults = {"tau": 0.07, "ce_weight": 1.0, "tap": "auto", "set_reduction": "sum"}
+    params_spec = {
+        "tau": ParamSpec(0.07, "tau: temperature of the prototype-anchored contrast", float, gt=0),
+        "ce_weight": ParamSpec(1.0, "weight of the cross-entropy term (0: the reference's prototype-only objective)",
+                               float, ge=0),
+        "tap": ParamSpec("auto", "feature tap of the prototypes ('auto': head_hidden when the model has it, "
+                         "else embedding)", str),
+        "set_reduction": ParamSpec("sum", "'sum' (the reference) or 'mean' of the loss over the prototype sets",
+                                   str, choices=("sum", "mean")),
+    }
     description = "FedPCL: prototype-anchored contrast over all clients' prototypes (frozen-backbone head training)"
-
-    def validate(self):
-        self._require_pos("tau")
-        self._require_nonneg("ce_weight")
-        check_choice(self.params, "set_reduction", ("sum", "mean"))
-        _validate_tap(self)
 
     def init_state(self, weights):
         return {"clients": {}, "sets": None, "bytes": None}

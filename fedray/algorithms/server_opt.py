@@ -18,25 +18,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedray.algorithms.base import ClientHints
+from fedray.algorithms.base import ClientHints, reject_defaults_table
 from fedray.config import ConfigError
+from fedray.core.params import ParamSpec, check_params
 
 
 class ServerOptimizer:
+    """Base class and ``none``. A subclass declares its parameters in ``params_spec`` (name ->
+    :class:`~fedray.core.params.ParamSpec`); ``__init__`` resolves the given ones into ``self.params``,
+    raising ``server.params.<name>: ...`` for unknown keys, wrong types and out-of-range values."""
+
     name = "none"
     description = "plain average of the client models (FedAvg)"
-    defaults: dict = {}
+    params_spec: dict[str, ParamSpec] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        reject_defaults_table(cls)
 
     def __init__(self, lr: float = 1.0, params: dict | None = None):
-        params = dict(params or {})
-        unknown = sorted(set(params) - set(self.defaults))
-        if unknown:
-            raise ConfigError(
-                f"server.params.{unknown[0]}: unknown parameter for server optimizer {self.name!r} "
-                f"(known: {', '.join(sorted(self.defaults)) or 'none'})"
-            )
         self.lr = float(lr)
-        self.params = {**self.defaults, **params}
+        self.params = check_params(dict(params or {}), self.params_spec, "server.params", ConfigError)
         self.state: dict[str, np.ndarray] = {}
 
     def broadcast_weights(self, w: np.ndarray) -> np.ndarray:
@@ -60,7 +62,8 @@ class ServerOptimizer:
 class FedAvgM(ServerOptimizer):
     name = "fedavgm"
     description = "FedAvgM: server momentum on the pseudo-gradient (momentum 0.4)"
-    defaults = {"momentum": 0.4}
+    params_spec = {"momentum": ParamSpec(0.4, "beta: decay of the server momentum buffer m = beta*m + d", float,
+                                         ge=0, lt=1)}
 
     def step(self, w, avg):
         d = w - avg
@@ -73,7 +76,11 @@ class FedAvgM(ServerOptimizer):
 class FedAdam(ServerOptimizer):
     name = "fedadam"
     description = "FedAdam: Adam on the pseudo-gradient (server lr 0.01, beta1 0.9, beta2 0.99, tau 1e-3)"
-    defaults = {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+    params_spec = {
+        "beta1": ParamSpec(0.9, "b1: decay of the first moment m", float, ge=0, lt=1),
+        "beta2": ParamSpec(0.99, "b2: decay of the second moment v", float, ge=0, lt=1),
+        "tau": ParamSpec(1e-3, "tau: adaptivity (added to sqrt(v); v starts at tau^2)", float, gt=0),
+    }
 
     def step(self, w, avg):
         b1, b2, tau = (np.float32(self.params[k]) for k in ("beta1", "beta2", "tau"))
@@ -97,7 +104,10 @@ class FedACG(ServerOptimizer):
 
     name = "fedacg"
     description = "FedACG: look-ahead broadcast w + lam*m and a client proximal term (lam 0.85, beta 1e-3)"
-    defaults = {"lam": 0.85, "beta": 1e-3}
+    params_spec = {
+        "lam": ParamSpec(0.85, "lambda: momentum decay and look-ahead step w_hat = w + lambda*m", float, ge=0, lt=1),
+        "beta": ParamSpec(1e-3, "beta: weight of the clients' proximal term beta/2 ||theta - w_hat||^2", float, ge=0),
+    }
 
     def broadcast_weights(self, w):
         m = self.state.get("m")

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +50,7 @@ from torch import nn
 
 from fedray.algorithms.base import Algorithm, register
 from fedray.config import ConfigError
+from fedray.core.params import ParamSpec
 from fedray.losses import ZERO_MODES, label_prior, logit_adjusted_ce
 
 __all__ = [
@@ -64,6 +64,11 @@ __all__ = [
     "SplitFedV3",
     "SFLLocalLoss",
 ]
+
+# the logit adjustment's zero-frequency handling, shared with FedLogit (fedray.algorithms.logit)
+ZERO_MODE_SPEC = ParamSpec("clamp", "zero label frequencies: 'clamp' (log max(P, eps)) or 'exclude' (class left out "
+                           "of the softmax)", str, choices=ZERO_MODES)
+EPS_SPEC = ParamSpec(1e-9, "floor of the clamped label frequencies", float, gt=0, lt=1)
 
 
 @dataclass
@@ -174,7 +179,13 @@ class SplitAlgorithm(Algorithm):
 
     program = "split"
     declared = SplitShape()
-    defaults: dict[str, Any] = {"batch_size": 320, "local_iters": 5, "split_point": None, "server_lr": None}
+    params_spec = {
+        "batch_size": ParamSpec(320, "B: the round's total batch, split over the clients by their sizes", int, ge=1),
+        "local_iters": ParamSpec(5, "local iterations per round", int, ge=1),
+        "split_point": ParamSpec(None, "where the model is cut (null: the model's default split)", str, nullable=True),
+        "server_lr": ParamSpec(None, "learning rate of the server-side model (null: train.lr)", float, ge=0,
+                               nullable=True),
+    }
 
     @property
     def shape(self) -> SplitShape:
@@ -186,16 +197,6 @@ class SplitAlgorithm(Algorithm):
         return self.declared.client_models == "local"
 
     def validate(self) -> None:
-        for name in ("batch_size", "local_iters"):
-            v = self.params[name]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"algorithm.params.{name}: must be an integer >= 1, got {v!r}")
-        sp = self.params["split_point"]
-        if sp is not None and not isinstance(sp, str):
-            raise ConfigError(f"algorithm.params.split_point: must be a split-point name or null, got {sp!r}")
-        lr = self.params["server_lr"]
-        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
-            raise ConfigError(f"algorithm.params.server_lr: must be a number >= 0 or null, got {lr!r}")
         cfg = self.cfg
         if cfg is not None:
             if cfg.server.name != "none":
@@ -264,18 +265,18 @@ class Scala(SplitAlgorithm):
 
     name = "scala"
     description = "SCALA: split FL on concatenated activations with logit adjustment (server + clients)"
-    defaults = {**SplitAlgorithm.defaults, "prior": "local", "server_prior": "batch", "zero_mode": "clamp",
-                "eps": 1e-9, "grad_scale": "concat"}
-
-    def validate(self) -> None:
-        super().validate()
-        for key, allowed in (("prior", ("local", "batch")), ("server_prior", ("batch", "clients")),
-                             ("zero_mode", ZERO_MODES), ("grad_scale", ("concat", "client"))):
-            if self.params[key] not in allowed:
-                raise ConfigError(f"algorithm.params.{key}: must be one of {list(allowed)}, got {self.params[key]!r}")
-        eps = self.params["eps"]
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-            raise ConfigError(f"algorithm.params.eps: must be a number in (0, 1), got {eps!r}")
+    params_spec = {
+        **SplitAlgorithm.params_spec,
+        "prior": ParamSpec("local", "client prior P_k: its whole label distribution ('local') or its minibatch's "
+                           "('batch')", str, choices=("local", "batch")),
+        "server_prior": ParamSpec("batch", "server prior P_s: label frequencies of the concatenated batch ('batch') "
+                                  "or the participating clients' local counts ('clients')", str,
+                                  choices=("batch", "clients")),
+        "zero_mode": ZERO_MODE_SPEC,
+        "eps": EPS_SPEC,
+        "grad_scale": ParamSpec("concat", "client gradient rows: mean over the concatenated batch ('concat') or "
+                                "per-client mean ('client')", str, choices=("concat", "client")),
+    }
 
     def server_iteration(self, srv, batch: SplitBatch) -> IterationResult:
         p = self.params
@@ -338,12 +339,9 @@ class SplitFedV2(SplitAlgorithm):
 
     name = "splitfed_v2"
     description = "SplitFedV2: one server-side model updated sequentially over clients in random order"
-    defaults = {**SplitAlgorithm.defaults, "order": "client"}
-
-    def validate(self) -> None:
-        super().validate()
-        if self.params["order"] not in ("client", "iteration"):
-            raise ConfigError(f"algorithm.params.order: must be 'client' or 'iteration', got {self.params['order']!r}")
+    params_spec = {**SplitAlgorithm.params_spec,
+                   "order": ParamSpec("client", "server updates: client after client ('client') or within every "
+                                      "iteration ('iteration')", str, choices=("client", "iteration"))}
 
     @property
     def shape(self) -> SplitShape:
@@ -388,12 +386,9 @@ class SFLLocalLoss(SplitAlgorithm):
     name = "sfl_local_loss"
     description = "SFL with local losses: client auxiliary head, no gradient returns"
     declared = SplitShape(returns_gradients=False)
-    defaults = {**SplitAlgorithm.defaults, "aux": "linear"}
-
-    def validate(self) -> None:
-        super().validate()
-        if self.params["aux"] not in ("linear", "pool_linear"):
-            raise ConfigError(f"algorithm.params.aux: must be 'linear' or 'pool_linear', got {self.params['aux']!r}")
+    params_spec = {**SplitAlgorithm.params_spec,
+                   "aux": ParamSpec("linear", "client auxiliary head: 'linear' or 'pool_linear' (average-pooled first)",
+                                    str, choices=("linear", "pool_linear"))}
 
     def aux_head(self, act_shape: tuple[int, ...], num_classes: int) -> nn.Module:
         if self.params["aux"] == "pool_linear" and len(act_shape) == 3:

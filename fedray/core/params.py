@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ParamSpec", "check_value", "check_params", "defaults"]
+__all__ = ["ParamSpec", "check_value", "check_params", "defaults", "param_lines"]
 
 ErrorFactory = Callable[[str], BaseException]
 
@@ -128,16 +128,13 @@ def check_value(value: Any, spec: ParamSpec, path: str, error: ErrorFactory = Va
     bounds = spec.bounds()
     out = value
     if spec.type is not None:
-        kind = _KIND.get(spec.type, spec.type.__name__)
         try:
             if spec.type in _CONVERT:
                 out = _CONVERT[spec.type](value, strict)
             elif not isinstance(value, spec.type):
                 raise _Bad
         except _Bad:
-            if spec.type is bool:
-                raise error(f"{path}{sep}must be true or false, got {value!r}") from None
-            raise error(f"{path}{sep}must be {kind}{' ' + bounds if bounds else ''}, got {value!r}") from None
+            raise error(f"{path}{sep}must be {_expected(spec)}, got {value!r}") from None
         if spec.type is float and not math.isfinite(out):
             raise error(f"{path}{sep}must be a finite number{' ' + bounds if bounds else ''}, got {value!r}")
     if bounds:
@@ -150,6 +147,40 @@ def check_value(value: Any, spec: ParamSpec, path: str, error: ErrorFactory = Va
     if spec.choices is not None and out not in spec.choices:
         raise error(f"{path}{sep}must be one of {list(spec.choices)}, got {value!r}")
     return out
+
+
+def _expected(spec: ParamSpec) -> str:
+    """What a value of ``spec`` must be, as text: ``a number > 0``, ``an integer >= 1``, ``true or false``."""
+    if spec.type is bool:
+        return _KIND[bool]
+    kind = "any value" if spec.type is None else _KIND.get(spec.type, spec.type.__name__)
+    bounds = spec.bounds()
+    return f"{kind} {bounds}" if bounds else kind
+
+
+def _show(value: Any) -> str:
+    """A default as it is written in a config file: ``null``, ``true``, ``samples``, ``[rotate, crop]``."""
+    if value is None:
+        return "null"
+    if _is_bool(value):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def param_lines(specs: Mapping[str, ParamSpec], indent: str = "    ") -> list[str]:
+    """One line per parameter, ``name = default  (what a value must be)  doc``, as ``fedray datasets`` lists
+    the parameters of every registry (sources, partitioners, algorithms, server optimizers)."""
+    width = max((len(k) for k in specs), default=0)
+    lines = []
+    for name, spec in specs.items():
+        rule = f"one of {list(spec.choices)}" if spec.choices is not None else _expected(spec)
+        if spec.nullable:
+            rule += " or null"
+        rule = "" if rule == "any value" else f"({rule})  "  # an untyped value is described by its doc alone
+        lines.append(f"{indent}{name:{width}s} = {_show(spec.default)}  {rule}{spec.doc}")
+    return lines
 
 
 def check_params(given: Mapping[str, Any], specs: Mapping[str, ParamSpec], path: str,
