@@ -34,7 +34,18 @@ from fedray.core.params import ParamSpec, check_value
 
 class _Loader(yaml.SafeLoader):
     """YAML loader that also reads ``1e-3`` as a float (plain PyYAML follows YAML 1.1 and returns the
-    string '1e-3' unless there is a dot), since hyper-parameters are usually written that way."""
+    string '1e-3' unless there is a dot), since hyper-parameters are usually written that way, and that
+    refuses a key written twice in one mapping (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(

@@ -1,0 +1,152 @@
+"""A corpus of malformed inputs: every one fails before any work with exit code 2, a message that names
+the field, file or value, no traceback, and no run directory left behind (reliability issue, item 2)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from fedray.cli import main
+from tests.helpers import small_config
+
+# (overrides, regex the error must match): configs and overrides
+OVERRIDES = [
+    (["train.lr=fast"], r"train\.lr"),
+    (["train.lr=-1"], r"train\.lr"),
+    (["train.rounds=2.5"], r"train\.rounds"),
+    (["train.rounds=0"], r"train\.rounds"),
+    (["train.batch_size=0"], r"train\.batch_size"),
+    (["train.local_epochs=-2"], r"train\.local_epochs"),
+    (["train.clients_per_round=500"], r"train\.clients_per_round"),
+    (["train.momentum=-0.1"], r"train\.momentum"),
+    (["train.optimizer=rmsprop"], r"train\.optimizer"),
+    (["train.grad_clip=0"], r"train\.grad_clip"),
+    (["train.lr_decay=0"], r"train\.lr_decay"),
+    (["train.augment=[blur]"], r"train\.augment.*blur"),
+    (["train.augment={crop: x}"], r"train\.augment"),
+    (["trian.rounds=3"], r"trian"),
+    (["train.epochs=3"], r"train\.epochs"),
+    (["seed=-3"], r"^.*\bseed\b"),
+    (["seed=abc"], r"\bseed\b"),
+    (["data.source=nowhere"], r"data\.source"),
+    (["data.params.foo=1"], r"foo"),
+    (["data.partition.name=lda"], r"lda"),
+    (["data.partition.num_clients=0"], r"data\.partition\.num_clients"),
+    (["data.partition.params.alpha=-0.5"], r"data\.partition\.params\.alpha"),
+    (["data.partition.params.alpha=abc"], r"data\.partition\.params\.alpha"),
+    (["data.partition.params.alpha=[1,2]"], r"data\.partition\.params\.alpha.*one value per client"),
+    (["data.partition.params.alpha=true"], r"data\.partition\.params\.alpha"),
+    (["data.partition.params.beta2=0.3"], r"beta2"),
+    (["data.partition.params.min_partition_size=1000"], r"min_partition_size"),
+    (["data.partition.seed=-1"], r"data\.partition\.seed"),
+    (["data.partition.name=shards", "data.partition.params.shards_per_client=1000"], r"shards_per_client"),
+    (["data.partition.name=classes", "data.partition.params.classes=11"], r"classes"),
+    (["model.name=resnet99"], r"model\.name"),
+    (["model.params.widht=3"], r"model\.params.*widht"),
+    (["model.params.hidden=-4"], r"model\.params"),
+    (["algorithm.name=fedmagic"], r"algorithm\.name"),
+    (["algorithm.params.bogus=1"], r"algorithm\.params\.bogus"),
+    (["algorithm.name=fedprox", "algorithm.params.mu=-1"], r"algorithm\.params\.mu"),
+    (["algorithm.name=fedprox", "algorithm.params.mu=abc"], r"algorithm\.params\.mu"),
+    (["algorithm.name=fedavg", "algorithm.params.weighting=median"], r"algorithm\.params\.weighting"),
+    (["algorithm.name=moon", "algorithm.params.tau=0"], r"algorithm\.params\.tau"),
+    (["algorithm.name=feddyn", "algorithm.params.alpha=0"], r"algorithm\.params\.alpha"),
+    (["algorithm.name=fedrcl", "algorithm.params.lam=abc"], r"algorithm\.params\.lam"),
+    (["algorithm.name=scala", "server.name=fedavgm"], r"server\.name"),
+    (["algorithm.name=scala", "algorithm.params.local_iters=0"], r"algorithm\.params\.local_iters"),
+    (["algorithm.name=splitfed_v2", "algorithm.params.order=random"], r"algorithm\.params\.order"),
+    (["server.name=fedmagic"], r"server\.name"),
+    (["server.lr=0"], r"server\.lr"),
+    (["server.name=fedadam", "server.params.tau=0"], r"server\.params\.tau"),
+    (["server.name=fedadam", "server.params.beta1=2"], r"server\.params\.beta1"),
+    (["server.name=fedavgm", "server.params.momentum=abc"], r"server\.params\.momentum"),
+    (["server.name=fedavgm", "server.params.momentumm=0.9"], r"server\.params\.momentumm"),
+    (["server.name=fedacg", "server.params.beta=-1"], r"server\.params\.beta"),
+    (["eval.every=0"], r"eval\.every"),
+    (["eval.ema=1.5"], r"eval\.ema"),
+    (["engine.backend=spark"], r"engine\.backend"),
+    (["engine.device=tpu"], r"engine\.device"),
+    (["engine.num_workers=0"], r"engine\.num_workers"),
+    (["engine.multi_client=4", "algorithm.name=moon"], r"engine\.multi_client"),
+    (["engine.max_client_retries=-1"], r"engine\.max_client_retries"),
+    (["engine.max_dropped_fraction=2"], r"engine\.max_dropped_fraction"),
+    (["engine.chunk_size=0"], r"engine\.chunk_size"),
+    (["output.checkpoint_every=-1"], r"output\.checkpoint_every"),
+    (["output.keep_checkpoints=0"], r"output\.keep_checkpoints"),
+    (["output.root=/proc/fedray-fuzz"], r"output\.root"),
+    (["data.cache_dir=/proc/fedray-fuzz"], r"data\.cache_dir"),
+    (["data.source=cifar10", "data.root=/nonexistent/cifar"], r"/nonexistent/cifar"),
+    (["data.source=mnist", "data.root=/nonexistent/mnist"], r"/nonexistent/mnist"),
+    (["data.source=digit5", "data.root=/nonexistent/digit5"], r"/nonexistent/digit5"),
+    (["data.source=parquet", "data.params.path=/nonexistent/x.parquet"], r"/nonexistent/x\.parquet|data\.(params|root)"),
+    (["data.source=cifar10"], r"data\.root|root"),
+    (["eval.adversarial={fgsm_eps: -1}"], r"eval\.adversarial"),
+]
+
+# malformed config files: (file text, regex)
+FILES = [
+    ("train: [1, 2\n", r"bad\.yaml"),
+    ("- just\n- a list\n", r"bad\.yaml|mapping"),
+    ("train:\n  lr: 0.1\n  lr: 0.2\n", r"bad\.yaml"),
+    ("train:\n  rounds: three\n", r"train\.rounds"),
+    ("model:\n  name: cnn4\n  params: [1]\n", r"model\.params"),
+]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, partition_cache):
+    d = tmp_path_factory.mktemp("fuzz")
+    cfg = small_config(d, partition_cache, train__rounds=1)
+    cfg["model"] = {"name": "cnn4"}
+    path = d / "base.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, d / "runs"
+
+
+def _check(capsys, rc, runs, pattern):
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert re.search(pattern, err, re.M), err
+    assert "Traceback" not in err
+    left = [p.name for p in runs.iterdir() if not p.name.startswith("_")] if runs.is_dir() else []
+    assert left == [], f"a run directory was created: {left}"
+
+
+@pytest.mark.parametrize("overrides,pattern", OVERRIDES, ids=[" ".join(o) for o, _ in OVERRIDES])
+def test_bad_override_fails_before_any_work(base, capsys, overrides, pattern):
+    path, runs = base
+    _check(capsys, main(["run", str(path), "--quiet", *overrides]), runs, pattern)
+
+
+@pytest.mark.parametrize("text,pattern", FILES + [("[train\nrounds = 1\n", r"bad\.toml")])
+def test_bad_config_file_fails_before_any_work(tmp_path, capsys, text, pattern):
+    path = tmp_path / ("bad.toml" if pattern.endswith("toml") else "bad.yaml")
+    path.write_text(text)
+    _check(capsys, main(["run", str(path), "--quiet", f"output.root={tmp_path / 'runs'}"]), tmp_path / "runs", pattern)
+
+
+def test_missing_config_file_names_it(tmp_path, capsys):
+    _check(capsys, main(["run", str(tmp_path / "nope.yaml"), "--quiet"]), tmp_path / "runs", r"nope\.yaml")
+
+
+def test_resume_of_a_directory_that_is_no_run(tmp_path, capsys):
+    _check(capsys, main(["run", "--resume", str(tmp_path)]), tmp_path, r"not a run directory")
+
+
+@pytest.mark.parametrize("overrides,pattern", [
+    (["data.partition.params.alpha=0"], r"alpha"),
+    (["data.partition.name=shards", "data.partition.params.shards_per_client=1000"], r"shards_per_client"),
+    (["data.partition.name=classes", "data.partition.params.classes=2.5"], r"classes"),
+    (["data.partition.name=domain", "data.partition.num_clients=7"], r"domain|data\.source"),
+])
+def test_bad_partition_fails_with_its_parameter(base, capsys, overrides, pattern):
+    path, runs = base
+    assert main(["partition", str(path), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert re.search(pattern, err) and "Traceback" not in err
+
+
+def test_corpus_is_large_enough():
+    assert len(OVERRIDES) + len(FILES) + 1 + 2 + 4 >= 60
