@@ -85,7 +85,7 @@ def _cmd_partition(args) -> int:
     from fedray.data.stats import client_rows, format_client_rows
     from fedray.core.io import atomic_write_text
 
-    bundle, store = prepare_data(cfg)
+    bundle, store = prepare_data(cfg, print)
     print(format_summary(partition_summary(store)))
     rows = client_rows(store)
     print()

@@ -3,10 +3,11 @@
 Layout of one partition (``root/<hash>/``, ``hash`` = 16 hex characters)::
 
     _COMPLETE              the hash; written last, its presence marks a finished directory
-    meta.json              format version, hash, spec, DatasetMeta, source fingerprint, row counts
+    meta.json              format and layout versions, hash, spec, DatasetMeta, source fingerprint, counts
     manifest.parquet       one row per client: client_id int64, num_samples int64, row_ids list<int64>,
                            class_counts list<int64>, domain int32 (majority domain, -1 if none/empty),
-                           shard_bytes int64 (size of the client's shard file, checked on every read)
+                           shard_bytes int64 (size of the client's shard file, checked on every read),
+                           shard_crc32 uint32 (CRC-32 of the shard file, see :mod:`fedray.data.checksum`)
     clients/<cid:06d>.arrow
                            Arrow IPC *file* (uncompressed) with that client's rows of the train table:
                            image, label, [domain], row_id int64 -- ascending row_id order
@@ -16,39 +17,49 @@ resulting index arrays, so an unchanged dataset and spec always find the same di
 change of data, parameters or partitioner code that changes the split gets a new one.
 
 Writes are atomic: everything is built in ``root/.tmp-<hash>-<pid>-<token>`` and renamed into place;
-an existing complete directory is reused without being rewritten, and a failed build removes its
-temporary directory and leaves every existing output untouched.
+an existing complete, intact directory is reused without being rewritten, and a failed build removes
+its temporary directory and leaves every existing output untouched.
+
+Integrity: a shard's CRC-32 is computed as it is written. Before reusing a cached directory,
+:func:`build_partition` checks every shard's size and CRC-32 (:meth:`PartitionStore.verify_shards`);
+a missing, truncated or altered shard, or a manifest without checksums (layout 1, an older fedray),
+is logged in one line naming the client and file and the directory is rebuilt from the source, so a
+damaged shard is never trained on. Workers check size and CRC-32 again on every read. ``FORMAT_VERSION``
+enters the hash (stays 1); ``LAYOUT_VERSION`` (meta.json ``layout``, absent = 1) does not.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .checksum import buffer_crc32, check_shards
 from .partition import canonical_params, label_stats, partition_indices
 from .table import META_KEY, DataBundle, DatasetMeta, DataError, Split, images_of
 
-__all__ = ["FORMAT_VERSION", "PartitionStore", "build_partition", "content_fingerprint", "partition_hash", "resolve_spec"]
+__all__ = ["FORMAT_VERSION", "LAYOUT_VERSION", "PartitionStore", "build_partition", "content_fingerprint", "partition_hash", "resolve_spec"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # enters partition_hash: changing it renames every cached partition
+LAYOUT_VERSION = 2  # meta.json "layout"; not hashed. 1: no shard checksums, 2: manifest shard_crc32
 COMPLETE_MARKER = "_COMPLETE"
 META_FILE = "meta.json"
 MANIFEST_FILE = "manifest.parquet"
 CLIENTS_DIR = "clients"
 PARTITION_KEY = b"fedray.partition"
 
-_MANIFEST_SCHEMA = pa.schema(
+_LAYOUT1_SCHEMA = pa.schema(
     [
         ("client_id", pa.int64()),
         ("num_samples", pa.int64()),
@@ -58,6 +69,7 @@ _MANIFEST_SCHEMA = pa.schema(
         ("shard_bytes", pa.int64()),
     ]
 )
+_MANIFEST_SCHEMA = _LAYOUT1_SCHEMA.append(pa.field("shard_crc32", pa.uint32()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,8 +173,9 @@ def _shard_base_table(split: Split) -> pa.Table:
     return base.replace_schema_metadata({META_KEY: split.meta.to_json().encode()})
 
 
-def _write_shard(path: str | Path, table: pa.Table) -> int:
-    """Write one uncompressed Arrow IPC file (serialised in memory, then one ``write``); returns its size.
+def _write_shard(path: str | Path, table: pa.Table) -> tuple[int, int]:
+    """Write one uncompressed Arrow IPC file (serialised in memory, then one ``write``); returns its
+    size and the CRC-32 of the buffer written.
 
     ``O_EXCL`` makes a stale file in a reused temporary directory an error instead of a silent mix.
     """
@@ -177,7 +190,7 @@ def _write_shard(path: str | Path, table: pa.Table) -> int:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
-    return buf.size
+    return buf.size, buffer_crc32(buf)
 
 
 def _auto_workers(n: int, mean_bytes: float) -> int:
@@ -204,8 +217,8 @@ def _client_groups(sizes: np.ndarray, row_bytes: float, group_bytes: int = 64 <<
     return groups
 
 
-def _write_shards(clients_dir: Path, base: pa.Table, parts: list[np.ndarray], workers: int | None = None) -> np.ndarray:
-    """Write every client's shard; returns the file sizes.
+def _write_shards(clients_dir: Path, base: pa.Table, parts: list[np.ndarray], workers: int | None = None):
+    """Write every client's shard; returns the file sizes and their CRC-32s.
 
     Clients are handled in groups of about 64 MiB of rows: one ``take`` gathers a whole group's rows
     (client after client), then each client's shard is a zero-copy slice of it, serialised and written
@@ -214,6 +227,7 @@ def _write_shards(clients_dir: Path, base: pa.Table, parts: list[np.ndarray], wo
     """
     n = len(parts)
     nbytes = np.zeros(n, dtype=np.int64)
+    crcs = np.zeros(n, dtype=np.uint32)
     schema_md = base.schema.metadata
     sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=n)
     row_bytes = base.nbytes / max(1, base.num_rows)
@@ -230,18 +244,18 @@ def _write_shards(clients_dir: Path, base: pa.Table, parts: list[np.ndarray], wo
             group = group.replace_schema_metadata(schema_md)
         for cid in range(lo, hi):
             sub = group.slice(int(offsets[cid] - offsets[lo]), int(sizes[cid]))
-            nbytes[cid] = _write_shard(f"{prefix}{cid:06d}.arrow", sub)
+            nbytes[cid], crcs[cid] = _write_shard(f"{prefix}{cid:06d}.arrow", sub)
 
     groups = _client_groups(sizes, row_bytes)
     if workers <= 1 or len(groups) == 1:
         for lo, hi in groups:
             work(lo, hi)
-        return nbytes
+        return nbytes, crcs
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedray-shards") as pool:
         futures = [pool.submit(work, lo, hi) for lo, hi in groups]
         for f in futures:
             f.result()  # re-raises the first failure
-    return nbytes
+    return nbytes, crcs
 
 
 def _majority_domain(domains: np.ndarray | None, parts: list[np.ndarray]) -> np.ndarray:
@@ -256,7 +270,7 @@ def _majority_domain(domains: np.ndarray | None, parts: list[np.ndarray]) -> np.
     return out
 
 
-def _build_manifest(parts: list[np.ndarray], counts: np.ndarray, domain: np.ndarray, nbytes: np.ndarray, h: str) -> pa.Table:
+def _build_manifest(parts: list, counts: np.ndarray, domain: np.ndarray, nbytes: np.ndarray, crcs: np.ndarray, h: str):
     n = len(parts)
     sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int32)
@@ -271,6 +285,7 @@ def _build_manifest(parts: list[np.ndarray], counts: np.ndarray, domain: np.ndar
         pa.ListArray.from_arrays(pa.array(cc_offsets), pa.array(counts.reshape(-1).astype(np.int64))),
         pa.array(domain, type=pa.int32()),
         pa.array(nbytes, type=pa.int64()),
+        pa.array(crcs, type=pa.uint32()),
     ]
     table = pa.Table.from_arrays(arrays, schema=_MANIFEST_SCHEMA)
     return table.replace_schema_metadata({PARTITION_KEY: h.encode()})
@@ -290,12 +305,13 @@ def _write_partition(
     clients_dir = tmp / CLIENTS_DIR
     clients_dir.mkdir(parents=True)
     base = _shard_base_table(split)
-    nbytes = _write_shards(clients_dir, base, parts, workers)
+    nbytes, crcs = _write_shards(clients_dir, base, parts, workers)
     counts = label_stats(split.labels, parts, meta.num_classes)
-    manifest = _build_manifest(parts, counts, _majority_domain(domains, parts), nbytes, h)
+    manifest = _build_manifest(parts, counts, _majority_domain(domains, parts), nbytes, crcs, h)
     pq.write_table(manifest, str(tmp / MANIFEST_FILE), compression="zstd")
     doc = {
         "format": FORMAT_VERSION,
+        "layout": LAYOUT_VERSION,
         "hash": h,
         "spec": spec,
         "meta": asdict(meta),
@@ -338,14 +354,28 @@ def _is_complete(path: Path) -> bool:
         return False
 
 
+def _reuse(final: Path, log: Callable[[str], None] | None) -> "PartitionStore | None":
+    """The cached partition at ``final`` if it opens and its shards check out, else ``None`` (logged)."""
+    try:
+        store = PartitionStore.open(final)
+        store.verify_shards()
+        return store
+    except DataError as e:
+        (log or logging.getLogger(__name__).warning)(f"[fedray] partition cache damaged, rebuilding {final} from the source: {e}")
+        return None
+
+
 def build_partition(
-    bundle: DataBundle, spec: dict, root: str | Path, *, overwrite: bool = False, workers: int | None = None
+    bundle: DataBundle, spec: dict, root: str | Path, *, overwrite: bool = False, workers: int | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> "PartitionStore":
     """Partition ``bundle.train`` with ``spec`` and materialise it under ``root/<hash>/``.
 
     ``spec`` is ``{"name": ..., "num_clients": ..., "seed": ..., **params}``; defaults are filled in
     before hashing. A complete existing ``root/<hash>`` is reused as is (nothing rewritten) unless
-    ``overwrite`` is true; an incomplete or corrupt one is rebuilt. The partitioner receives the train
+    ``overwrite`` is true, after checking every shard's size and CRC-32; an incomplete or damaged one
+    (or one without checksums) is rebuilt and replaced, with one line to ``log`` (default: this module's
+    logger, WARNING) naming the first damaged client and file. The partitioner receives the train
     split's ``domain`` column (``domains``) and ``client`` column (``natural``) when present. Bundles
     without a ``fingerprint`` are fingerprinted by content. ``workers`` sets the shard-writing threads
     (default: chosen from the core count and shard size). Files are not fsync'ed: the rename makes a
@@ -372,15 +402,13 @@ def build_partition(
     except OSError as e:
         raise DataError(f"cannot create partition root {root}: {e}") from e
     final = root / h
-    if final.exists() and not overwrite:
-        try:
-            return PartitionStore.open(final)  # complete: reuse without rewriting anything
-        except DataError:
-            pass  # incomplete or corrupt: rebuilt below and swapped in
+    existed = final.exists()
+    if existed and not overwrite and (store := _reuse(final, log)) is not None:
+        return store  # complete and intact: reuse without rewriting anything
     tmp = root / f".tmp-{h}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         _write_partition(tmp, split, parts, resolved, h, fingerprint, domains, workers)
-        _install(tmp, final, overwrite)
+        _install(tmp, final, overwrite or existed)  # a damaged one is replaced even if it has a marker
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -394,20 +422,23 @@ def build_partition(
 class PartitionStore:
     """A finished partition directory, opened read-only. Use :meth:`open`."""
 
-    def __init__(self, path: Path, doc: dict, manifest: pa.Table):
+    def __init__(self, path: Path, doc: dict, manifest: pa.Table, check_reads: bool = True):
         self._path = path
         self._doc = doc
         self._manifest = manifest
         self._meta = DatasetMeta(**doc["meta"])
         self._sizes = manifest.column("num_samples").to_numpy().astype(np.int64)
         self._shard_bytes = manifest.column("shard_bytes").to_numpy().astype(np.int64)
+        self._crcs = manifest.column("shard_crc32").to_numpy() if "shard_crc32" in manifest.column_names else None
+        self._check_reads = bool(check_reads) and self._crcs is not None
 
     # -- opening / validation ------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, *, verify: bool = False) -> "PartitionStore":
+    def open(cls, path: str | Path, *, verify: bool = False, check_reads: bool = True) -> "PartitionStore":
         """Open ``path`` (a ``root/<hash>`` directory) after checking the completion marker,
-        ``meta.json`` and ``manifest.parquet``; with ``verify`` also open every shard and check its
-        row count and ids. Raises :class:`DataError` naming the offending file."""
+        ``meta.json`` and ``manifest.parquet``; with ``verify`` also check every shard's size and CRC-32
+        and its row count and ids. Raises :class:`DataError` naming the offending file (and client).
+        ``check_reads=False`` skips the CRC-32 check of :meth:`read_client` (its size check stays)."""
         path = Path(path)
         if not path.is_dir():
             raise DataError(f"partition directory {path} does not exist")
@@ -424,6 +455,9 @@ class PartitionStore:
             raise DataError(f"partition metadata {meta_path} lacks fields {missing}")
         if doc["format"] != FORMAT_VERSION:
             raise DataError(f"partition metadata {meta_path}: format {doc['format']!r}, this fedray reads {FORMAT_VERSION}")
+        layout = doc.get("layout", 1)
+        if layout not in (1, LAYOUT_VERSION):
+            raise DataError(f"partition metadata {meta_path}: layout {layout!r}, this fedray reads 1..{LAYOUT_VERSION}")
         if marker.read_text().strip() != doc["hash"]:
             raise DataError(f"partition marker {marker} does not match the hash {doc['hash']!r} in {meta_path}")
         try:
@@ -435,8 +469,9 @@ class PartitionStore:
             manifest = pq.read_table(str(man_path))
         except (OSError, pa.ArrowException, ValueError) as e:
             raise DataError(f"corrupt or unreadable partition manifest {man_path}: {e}") from e
-        if not manifest.schema.remove_metadata().equals(_MANIFEST_SCHEMA):
-            raise DataError(f"partition manifest {man_path} has schema {manifest.schema}, expected {_MANIFEST_SCHEMA}")
+        expected = _MANIFEST_SCHEMA if layout == LAYOUT_VERSION else _LAYOUT1_SCHEMA
+        if not manifest.schema.remove_metadata().equals(expected):
+            raise DataError(f"partition manifest {man_path} has schema {manifest.schema}, expected (layout {layout}) {expected}")
         n = int(doc["num_clients"])
         if manifest.num_rows != n:
             raise DataError(f"partition manifest {man_path} has {manifest.num_rows} rows, meta.json says {n} clients")
@@ -446,13 +481,23 @@ class PartitionStore:
         sizes = manifest.column("num_samples").to_numpy()
         if sizes.size and sizes.min() < 0:
             raise DataError(f"partition manifest {man_path}: negative num_samples")
-        store = cls(path, doc, manifest)
+        store = cls(path, doc, manifest, check_reads)
         if verify:
             store.verify()
         return store
 
+    def verify_shards(self, workers: int | None = None) -> None:
+        """Check every shard's size and CRC-32 against the manifest (:func:`~fedray.data.checksum.check_shards`).
+        Raises :class:`DataError` naming the first damaged client and file, or a store without checksums."""
+        if self._crcs is None:
+            raise DataError(f"partition {self._path} was written by an older fedray without shard checksums "
+                            f"({self._path / MANIFEST_FILE} has no shard_crc32)")
+        prefix = os.path.join(str(self._path / CLIENTS_DIR), "")
+        check_shards(lambda cid: f"{prefix}{cid:06d}.arrow", self._shard_bytes, self._crcs, workers)
+
     def verify(self) -> None:
-        """Open every shard and check its size, row count and row ids against the manifest."""
+        """:meth:`verify_shards`, then open every shard and check its row count and row ids."""
+        self.verify_shards()
         row_ids = self._manifest.column("row_ids")
         for cid in range(self.num_clients):
             table = self.read_client(cid)
@@ -531,7 +576,7 @@ class PartitionStore:
         try:
             source = pa.memory_map(str(path), "r")
         except FileNotFoundError as e:
-            raise DataError(f"missing shard {path} of partition {self.hash}") from e
+            raise DataError(f"missing shard {path} of client {cid} of partition {self.hash}") from e
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"cannot open shard {path}: {e}") from e
         # closing the file after reading is safe: the table's buffers keep the mapping alive, and no
@@ -539,10 +584,13 @@ class PartitionStore:
         with source:
             size = source.size()
             if size != self._shard_bytes[cid]:
-                raise DataError(
-                    f"corrupt or truncated shard {path}: {size} bytes, the manifest records {self._shard_bytes[cid]}"
-                )
+                raise DataError(f"corrupt or truncated shard {path} of client {cid}: {size} bytes, the manifest records "
+                                f"{self._shard_bytes[cid]}")
+            if self._check_reads and buffer_crc32(buf := source.read_buffer(size)) != self._crcs[cid]:
+                raise DataError(f"corrupt shard {path} of client {cid}: CRC-32 {buffer_crc32(buf):08x}, the manifest "
+                                f"records {int(self._crcs[cid]):08x} (content changed since it was written)")
             try:
+                source.seek(0)
                 table = pa.ipc.open_file(source).read_all()
             except (OSError, pa.ArrowException, ValueError) as e:
                 raise DataError(f"corrupt shard {path}: {e}") from e

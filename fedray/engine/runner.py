@@ -67,13 +67,14 @@ def default_run_name(cfg: ExperimentConfig) -> str:
     return cfg.output.name or f"{cfg.algorithm.name}-{config_hash(cfg)}"
 
 
-def prepare_data(cfg: ExperimentConfig):
-    """Load the source and build (or reuse) the partition; returns (bundle, store)."""
+def prepare_data(cfg: ExperimentConfig, log=None):
+    """Load the source and build (or reuse, after checking every shard) the partition; returns (bundle,
+    store). A damaged cached partition is rebuilt, with one line to ``log``."""
     bundle = load_source(cfg.data.source, cfg.data.root, **cfg.data.params)
     spec = {"name": cfg.data.partition.name, "num_clients": int(cfg.data.partition.num_clients),
             "seed": int(cfg.partition_seed), **cfg.data.partition.params}
     cache = Path(cfg.data.cache_dir or Path(cfg.output.root) / "_partitions")
-    store = build_partition(bundle, spec, cache)
+    store = build_partition(bundle, spec, cache, log=log)
     nonempty = int((np.asarray(store.sizes) > 0).sum())
     if nonempty == 0:
         raise ConfigError("data.partition: every client is empty")
@@ -120,7 +121,8 @@ def _claim_run_dir(rd: RunDir, overwrite: bool) -> None:
     rd.clear()
 
 
-def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, overwrite: bool = False) -> Run:
+def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, overwrite: bool = False,
+              log=print) -> Run:
     """Checks before any work, then the data and the run directory (``run.json`` status ``running``)."""
     t_start = time.perf_counter()
     if resume is not None:
@@ -132,7 +134,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         raise ConfigError("run_experiment needs a config or a run directory to resume")
     check_registries(cfg)
     check_output_root(cfg)
-    bundle, store = prepare_data(cfg)
+    bundle, store = prepare_data(cfg, log)
     check_model(cfg, store.meta)
     if int(cfg.engine.multi_client) > 1:  # refuse unsupported algorithms / models before any engine work
         check_multi_client(cfg, store.meta)
@@ -370,7 +372,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     ``on_round(report) -> bool | None`` is called after every round with that round's metrics row;
     returning ``True`` stops the run there (after a checkpoint), e.g. when an Optuna pruner says so.
     The result then has ``stopped_early = True``."""
-    run = setup_run(cfg, resume, overwrite)
+    run = setup_run(cfg, resume, overwrite, log)
     cfg = run.cfg
     result = RunResult(run_dir=run.rd.path)
     engine = None

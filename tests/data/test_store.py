@@ -230,3 +230,85 @@ def test_spec_errors(tmp_path, bundle):
     with pytest.raises(DataError, match="domain column"):
         build_partition(_bundle(with_domain=False), {"name": "domain", "num_clients": 3, "seed": 0}, tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------- integrity
+def _damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "overwritten":  # same size, image bytes in the middle changed: only a checksum sees it
+        mid = len(data) // 2
+        path.write_bytes(data[:mid] + bytes(255 - b for b in data[mid : mid + 64]) + data[mid + 64 :])
+    else:
+        path.unlink()
+
+
+def test_manifest_records_the_crc32_of_every_shard(tmp_path, bundle):
+    import zlib
+
+    st = build_partition(bundle, {"name": "dirichlet", "num_clients": 20, "seed": 0}, tmp_path)
+    crcs = st.manifest.column("shard_crc32").to_pylist()
+    assert crcs == [zlib.crc32(st.client_path(c).read_bytes()) for c in range(20)]
+    assert json.loads((st.path / "meta.json").read_text())["layout"] == store_mod.LAYOUT_VERSION == 2
+    # the hash (directory name, run.json) is the one pinned before checksums existed: FORMAT_VERSION stays 1
+    assert build_partition(bundle, {"name": "iid", "num_clients": 4, "seed": 0}, tmp_path).hash == "dec688399a769a41"
+    assert store_mod.FORMAT_VERSION == 1
+
+
+@pytest.mark.parametrize("how", ["truncated", "overwritten", "missing"])
+def test_damaged_shard_in_cache_is_detected_and_rebuilt(tmp_path, bundle, how):
+    spec = {"name": "dirichlet", "num_clients": 20, "seed": 0}
+    st = build_partition(bundle, spec, tmp_path)
+    path = st.client_path(7)
+    good = path.read_bytes()
+    other = os.stat(st.client_path(3)).st_mtime_ns
+    _damage(path, how)
+    lines = []
+    st2 = build_partition(bundle, spec, tmp_path, log=lines.append)
+    assert st2.hash == st.hash and st2.path == st.path
+    assert len(lines) == 1 and "client 7" in lines[0] and str(path) in lines[0] and "rebuilding" in lines[0]
+    assert path.read_bytes() == good  # rebuilt from the source, byte for byte
+    assert os.stat(st.client_path(3)).st_mtime_ns >= other
+    PartitionStore.open(st.path, verify=True)
+    assert _no_tmp(tmp_path)
+    lines.clear()
+    build_partition(bundle, spec, tmp_path, log=lines.append)  # intact now: reused silently
+    assert lines == []
+
+
+def test_open_verify_and_reads_name_the_damaged_client_and_file(tmp_path, bundle):
+    st = build_partition(bundle, {"name": "iid", "num_clients": 6, "seed": 0}, tmp_path)
+    for cid in (4, 2):
+        _damage(st.client_path(cid), "overwritten")
+    with pytest.raises(DataError, match=rf"client 2: {st.client_path(2)}: CRC-32 .*2 damaged shards: clients 2, 4"):
+        PartitionStore.open(st.path, verify=True)
+    with pytest.raises(DataError, match=rf"{st.client_path(4)} of client 4: CRC-32"):
+        st.client_arrays(4)  # a worker's read checks the checksum too
+    PartitionStore.open(st.path, check_reads=False).client_arrays(4)  # size check only: reads
+    _damage(st.client_path(3), "truncated")
+    with pytest.raises(DataError, match=rf"client 2: .*3 damaged shards"):
+        st.verify_shards(workers=2)
+    with pytest.raises(DataError, match=rf"{st.client_path(3)} of client 3: \d+ bytes"):
+        st.read_client(3)
+
+
+def test_cache_written_without_checksums_is_rebuilt(tmp_path, bundle):
+    spec = {"name": "iid", "num_clients": 5, "seed": 0}
+    st = build_partition(bundle, spec, tmp_path)
+    # what an older fedray wrote: no shard_crc32 column, no "layout" in meta.json
+    man = st.path / "manifest.parquet"
+    pq.write_table(pq.read_table(man).drop_columns(["shard_crc32"]), str(man), compression="zstd")
+    doc = json.loads((st.path / "meta.json").read_text())
+    del doc["layout"]
+    (st.path / "meta.json").write_text(json.dumps(doc))
+    old = PartitionStore.open(st.path)  # still readable (size checks only) ...
+    assert old.read_client(1).num_rows == st.sizes[1]
+    with pytest.raises(DataError, match="older fedray without shard checksums"):
+        PartitionStore.open(st.path, verify=True)  # ... but cannot be verified
+    lines = []
+    st2 = build_partition(bundle, spec, tmp_path, log=lines.append)
+    assert st2.hash == st.hash and len(lines) == 1 and "without shard checksums" in lines[0]
+    assert "shard_crc32" in pq.read_table(man).column_names
+    assert json.loads((st.path / "meta.json").read_text())["layout"] == 2
+    PartitionStore.open(st.path, verify=True)
