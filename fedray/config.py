@@ -140,6 +140,11 @@ class EngineConfig:
     workers_per_gpu: int = 4
     torch_threads: int = 1  # intra-op threads per worker
     coordinator_num_cpus: float = 0.0
+    # where the coordinator actor runs: driver (the driver's node, so only the driver's node can take the run
+    # down with it) | any (wherever Ray puts it)
+    coordinator_placement: str = "driver"
+    # a coordinator that dies (its process or its node) is restarted from the last checkpoint this many times
+    max_coordinator_restarts: int = 3
     device: str = "auto"  # auto | cpu | cuda
     max_client_retries: int = 2  # a client failing more often than this in a round is dropped
     max_worker_restarts: int = 10  # per round, before the run fails
@@ -200,6 +205,8 @@ _HASH_EXCLUDE = {
     "engine.worker_num_gpus",
     "engine.workers_per_gpu",
     "engine.coordinator_num_cpus",
+    "engine.coordinator_placement",
+    "engine.max_coordinator_restarts",
     "engine.reorder_window",
     "engine.chunk_size",
     "engine.object_store_memory",
@@ -424,6 +431,12 @@ def validate_config(cfg: ExperimentConfig) -> None:
     if e.max_dropped_fraction > 1:
         raise ConfigError(f"engine.max_dropped_fraction: must be in [0, 1], got {e.max_dropped_fraction!r}")
     _positive("engine.multi_client", e.multi_client)
+    if e.coordinator_placement not in ("driver", "any"):
+        raise ConfigError(f"engine.coordinator_placement: must be 'driver' or 'any', got {e.coordinator_placement!r}")
+    _positive("engine.max_coordinator_restarts", e.max_coordinator_restarts, allow_zero=True)
+    if (e.fault_injection or {}).get("kind") == "coordinator_exit" and e.backend != "ray":
+        raise ConfigError("engine.fault_injection: kind coordinator_exit needs engine.backend: ray (with local, the "
+                          "coordinator is the driver process)")
     if e.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")
     _positive("output.checkpoint_every", cfg.output.checkpoint_every, allow_zero=True)

@@ -50,7 +50,8 @@ def test_overrides_are_typed_and_nested(tmp_path):
 
 def test_hash_ignores_placement_but_not_numbers(tmp_path):
     base = from_dict({"train": {"rounds": 4}})
-    same = from_dict({"train": {"rounds": 4}, "engine": {"num_workers": 4, "backend": "local"},
+    same = from_dict({"train": {"rounds": 4}, "engine": {"num_workers": 4, "backend": "local",
+                                                          "coordinator_placement": "any", "max_coordinator_restarts": 0},
                       "output": {"root": "/elsewhere"}})
     other = from_dict({"train": {"rounds": 4, "lr": 0.01}})
     assert config_hash(base) == config_hash(same) != config_hash(other)
@@ -67,6 +68,10 @@ def test_hash_ignores_placement_but_not_numbers(tmp_path):
     ({"model": "cnn"}, "model: expected a mapping"),
     ({"eval": {"ema": 1.5}}, "eval.ema"),
     ({"engine": {"device": "tpu"}}, "engine.device"),
+    ({"engine": {"coordinator_placement": "head"}}, "engine.coordinator_placement: must be 'driver' or 'any'"),
+    ({"engine": {"max_coordinator_restarts": -1}}, "engine.max_coordinator_restarts"),
+    ({"engine": {"backend": "local", "fault_injection": {"kind": "coordinator_exit", "round": 1}}},
+     "engine.fault_injection: kind coordinator_exit needs engine.backend: ray"),
     ({"train": {"optimizer": "lbfgs"}}, "train.optimizer"),
 ])
 def test_validation_names_the_field(data, msg):

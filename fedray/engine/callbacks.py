@@ -2,7 +2,8 @@
 
 The round loop (:class:`fedray.engine.runner.RoundLoop`) calls, in list order, ``on_run_start`` once,
 ``on_round_start`` before each round, ``on_round_end`` after each recorded round (a ``True`` return asks
-the loop to stop after this round) and ``on_run_end`` once, also after an interruption. Each concern is
+the loop to stop after this round), ``on_restart`` when a new coordinator replaced a dead one (the loop
+goes back to the last checkpoint) and ``on_run_end`` once, also after an interruption. Each concern is
 one small object: the progress display, TensorBoard, checkpoints, a user's per-round hook (the Optuna
 pruner), the driver fault injection of the tests.
 """
@@ -28,6 +29,9 @@ class Callback:
 
     def on_round_end(self, loop, report: dict) -> bool | None:
         """After round ``report['round']`` was recorded; True asks the loop to stop after it."""
+
+    def on_restart(self, loop, start_round: int) -> None:
+        """A new coordinator replaced a dead one at the last checkpoint; the loop goes on at ``start_round``."""
 
     def on_run_end(self, loop, interrupted: bool) -> None:
         """Once, when the loop ends (finished, stopped early or interrupted)."""
@@ -56,6 +60,11 @@ class Progress(Callback):
             self.log(f"[fedray] round {report['round']:4d}/{self.rounds}  "
                      f"acc {acc if acc is None else f'{acc:.4f}'}  loss {report['loss']:.4f}  "
                      f"{report['seconds_total']:.2f} s")
+
+    def on_restart(self, loop, start_round):
+        if self.bar is not None:
+            self.bar.reset(total=self.rounds)
+            self.bar.update(start_round - 1)
 
     def on_run_end(self, loop, interrupted):
         if self.bar is not None:
@@ -93,6 +102,8 @@ class Checkpointer(Callback):
 
     def on_run_start(self, loop, start_round):
         self.last = start_round - 1
+
+    on_restart = on_run_start  # the loop goes back to the checkpoint of round start_round - 1
 
     def save(self, loop, rnd: int) -> None:
         self.rd.save_checkpoint(loop.engine.call("state_dict"), keep=self.keep)

@@ -21,6 +21,7 @@ from fedray.algorithms import build_server_optimizer
 from fedray.core.procinfo import proc_status
 from fedray.core.weights import weights_hash
 from fedray.engine.dispatch import RunAborted
+from fedray.engine.faults import FaultInjector
 from fedray.engine.pool import LocalPool, RayPool
 from fedray.engine.programs import program_for
 from fedray.engine.replica import Replica, coordinator_device, worker_spec
@@ -53,11 +54,24 @@ class Coordinator:
         self.program = program_for(self.algorithm)(
             cfg=cfg, algorithm=self.algorithm, server_opt=self.server_opt, pool=self.pool, sizes=rp.sizes,
             num_params=int(rp.flat.layout.size), model=rp.model, meta=rp.meta,
-            class_counts=rp.store.class_counts(), device=rp.device)
+            class_counts=rp.store.class_counts(), device=rp.device,
+            faults=FaultInjector(cfg.engine.fault_injection, run_dir))
 
     # ------------------------------------------------------------------------------- API
     def ready(self) -> dict:
         return {"workers": self.pool.size, "num_params": int(self.replica.flat.layout.size)}
+
+    def pid(self) -> int:
+        """This process's id (the tests kill it)."""
+        return os.getpid()
+
+    def node_id(self) -> str | None:
+        """The Ray node this actor runs on (None in-process, without Ray)."""
+        if self.cfg.engine.backend != "ray":
+            return None
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def get_weights(self) -> np.ndarray:
         return self.weights

@@ -99,8 +99,10 @@ class TaskScheduler:
 
     One scheduler serves a whole round (the split program calls :meth:`run` once per local iteration)."""
 
-    def __init__(self, pool, policy: FailurePolicy, rnd: int, *, atomic: bool = False, record_success: bool = True):
+    def __init__(self, pool, policy: FailurePolicy, rnd: int, *, atomic: bool = False, record_success: bool = True,
+                 faults=None):
         self.pool, self.policy, self.rnd = pool, policy, int(rnd)
+        self.faults = faults  # a FaultInjector (engine.fault_injection: coordinator_exit) or None
         self.atomic, self.record_success = atomic, record_success
         self.ledger: list[LedgerRow] = []
         self.attempts: dict[int, int] = defaultdict(int)  # failed attempts per client id
@@ -146,6 +148,8 @@ class TaskScheduler:
                     self._worker_lost(widx, task, err, on_drop, label)
                     continue
                 self._idle.append(widx)
+                if self.faults is not None:  # mid-round: tasks dispatched, nothing of this one folded yet
+                    self.faults.coordinator(self.rnd)
                 if self.atomic:
                     self._atomic_outcomes(widx, task, outs, on_outcome, label)
                 else:

@@ -4,6 +4,8 @@
 R is started anywhere, its worker process exits (``exit``, like a crash or an OOM kill) or the client
 raises (``raise``); ``iteration`` restricts it to one task of a split round (0 .. local_iters).
 ``{kind: driver_exit, round: R}``: the driver process exits hard once, before round R.
+``{kind: coordinator_exit, round: R}``: the coordinator process exits hard once, in the middle of round R
+(when the scheduler takes the round's first finished task, i.e. after the round's tasks were dispatched).
 Counter files under ``<run dir>/faults/`` (created with O_EXCL) make the count exact across worker
 replacements, retries and concurrent workers.
 """
@@ -43,11 +45,21 @@ class FaultInjector:
 
     def driver(self, rnd: int) -> None:
         """Called by the driver before round ``rnd``: a hard crash of the driver, once."""
+        self._exit_once("driver_exit", f"driver-r{rnd}", rnd)
+
+    def coordinator(self, rnd: int) -> None:
+        """Called by the coordinator's task scheduler for each finished task of round ``rnd``: a hard crash of
+        the coordinator process, once (a restarted coordinator runs the round again without it)."""
+        self._exit_once("coordinator_exit", f"coordinator-r{rnd}", rnd)
+
+    def _exit_once(self, kind: str, name: str, rnd: int) -> None:
         f = self.spec
-        if f.get("kind") != "driver_exit" or int(f.get("round", -1)) != rnd:
+        if f.get("kind") != kind or int(f.get("round", -1)) != rnd:
             return
-        marker = self.dir / f"driver-r{rnd}"
-        if not marker.exists():
-            self.dir.mkdir(parents=True, exist_ok=True)
-            marker.write_text("1")
-            os._exit(17)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.dir / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+        os._exit(17)

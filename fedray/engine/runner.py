@@ -28,6 +28,7 @@ from fedray.data.store import build_partition
 from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard
 from fedray.engine.client.grouped import check_multi_client
 from fedray.engine.coordinator import Coordinator
+from fedray.engine.dispatch import RunAborted
 from fedray.engine.faults import FaultInjector
 from fedray.engine.pool import RayPool, default_num_workers
 from fedray.engine.replica import worker_spec
@@ -50,6 +51,7 @@ class RunResult:
     interrupted: bool = False
     stopped_early: bool = False
     failed: str | None = None  # why the run stopped without a trustworthy result
+    coordinator_restarts: int = 0  # coordinator actors that died and were replaced from the last checkpoint
 
     @property
     def accuracy(self) -> float:
@@ -153,45 +155,94 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
     return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start)
 
 
+class CoordinatorLost(RuntimeError):
+    """The coordinator actor died (its process was killed or exited, or its node was lost)."""
+
+
+def coordinator_options(cfg: ExperimentConfig, ray) -> dict:
+    """Ray options of the coordinator actor: its CPUs and, with ``engine.coordinator_placement: driver``, a
+    hard affinity to the driver's node (a 0-CPU actor would otherwise land on any node, and its node's death
+    ends the run)."""
+    e = cfg.engine
+    opts = {"num_cpus": e.coordinator_num_cpus, "max_restarts": 0, "max_concurrency": 1}
+    if e.coordinator_placement == "driver":
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = ray.get_runtime_context().get_node_id()
+        cpus = next((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["NodeID"] == node), None)
+        if cpus is not None and e.coordinator_num_cpus > cpus:
+            raise ConfigError(f"engine.coordinator_placement: driver, but the driver's node has {cpus:g} CPUs for "
+                              f"engine.coordinator_num_cpus={e.coordinator_num_cpus:g}; use coordinator_placement: any")
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+    return opts
+
+
 class Engine:
-    """The coordinator of a run, as a Ray actor (``engine.backend: ray``) or in this process."""
+    """The coordinator of a run, as a Ray actor (``engine.backend: ray``) or in this process. A coordinator
+    actor that died is replaced by :meth:`restart` (the loop then loads the last checkpoint into it)."""
 
     def __init__(self, run: Run):
         cfg = run.cfg
-        cfg_dict = cfg.to_dict()
-        cfg_dict.pop("source_path", None)
-        test = _test_payload(run.bundle)
-        k = int(cfg.train.clients_per_round)
+        self.run = run
+        self.cfg_dict = cfg.to_dict()
+        self.cfg_dict.pop("source_path", None)
+        self.test = _test_payload(run.bundle)
         self.ray = None
         self.in_flight: dict = {}  # Ray: the round the coordinator actor is running (it goes on after a Ctrl-C)
+        self.restarts = 0  # coordinator actors replaced
+        self.workers: list = []  # the client workers this driver started for the current coordinator
         if cfg.engine.backend == "ray":
             import ray
 
             self.ray = ray
             ensure_ray(cfg.engine.object_store_memory)
-            n, wcpu, wgpu = default_num_workers(cfg, k)
-            # the client workers start (import torch, open the partition) while the coordinator actor does
-            workers = RayPool.start(worker_spec(cfg_dict, str(run.store.path), run.state_path, str(run.rd.path), wgpu),
-                                    n, wcpu, wgpu)
-            cls = ray.remote(Coordinator).options(num_cpus=cfg.engine.coordinator_num_cpus, max_restarts=0,
-                                                  max_concurrency=1)
-            self.coord = cls.remote(cfg_dict, str(run.store.path), str(run.rd.path), ray.put(test), n, wcpu, wgpu,
-                                    run.state_path, workers)
+            self._start()
         else:
-            n, wcpu, wgpu = default_num_workers(cfg, k)
-            self.coord = Coordinator(cfg_dict, str(run.store.path), str(run.rd.path), test, n, wcpu, wgpu,
+            n, wcpu, wgpu = default_num_workers(cfg, int(cfg.train.clients_per_round))
+            self.coord = Coordinator(self.cfg_dict, str(run.store.path), str(run.rd.path), self.test, n, wcpu, wgpu,
                                      run.state_path)
+
+    def _start(self) -> None:
+        """Start the client workers and a coordinator actor (in the initial state) that owns them."""
+        run, ray = self.run, self.ray
+        n, wcpu, wgpu = default_num_workers(run.cfg, int(run.cfg.train.clients_per_round))
+        # the client workers start (import torch, open the partition) while the coordinator actor does
+        self.workers = RayPool.start(worker_spec(self.cfg_dict, str(run.store.path), run.state_path, str(run.rd.path),
+                                                 wgpu), n, wcpu, wgpu)
+        cls = ray.remote(Coordinator).options(**coordinator_options(run.cfg, ray))
+        self.coord = cls.remote(self.cfg_dict, str(run.store.path), str(run.rd.path), ray.put(self.test), n, wcpu,
+                                wgpu, run.state_path, self.workers)
+
+    def restart(self) -> dict:
+        """Replace a dead coordinator actor: kill what is left of it and of its workers (replacement workers
+        died with it), start new ones in the initial state; what ``ready`` says."""
+        self._kill()
+        self.in_flight.clear()
+        self.restarts += 1
+        self._start()
+        return self.call("ready")
+
+    def _get(self, ref):
+        """``ray.get`` of a coordinator call; the actor's death raises :class:`CoordinatorLost`."""
+        from ray import exceptions as rex
+
+        try:
+            return self.ray.get(ref)
+        except rex.RayTaskError:  # an error raised inside the coordinator (it is alive): not a lost coordinator
+            raise
+        except rex.RayActorError as e:  # ActorDiedError, ActorUnavailableError
+            raise CoordinatorLost(_reason(e)) from e
 
     def call(self, method: str, *args):
         if self.ray is None:
             return getattr(self.coord, method)(*args)
-        return self.ray.get(getattr(self.coord, method).remote(*args))
+        return self._get(getattr(self.coord, method).remote(*args))
 
     def run_round(self, rnd: int) -> dict:
         if self.ray is None:
             return self.coord.run_round(rnd)
         self.in_flight.update(round=rnd, ref=self.coord.run_round.remote(rnd), t0=time.perf_counter())
-        report = self.ray.get(self.in_flight["ref"])
+        report = self._get(self.in_flight["ref"])
         self.in_flight.clear()
         return report
 
@@ -201,35 +252,52 @@ class Engine:
             return None
         f = dict(self.in_flight)
         self.in_flight.clear()
-        return f["round"], self.ray.get(f["ref"]), f["t0"]
+        return f["round"], self._get(f["ref"]), f["t0"]
+
+    def _kill(self) -> None:
+        for actor in [self.coord, *self.workers]:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
 
     def close(self) -> None:
-        self.call("shutdown")
-        if self.ray is not None:
-            self.ray.kill(self.coord)
+        if self.ray is None:
+            self.coord.shutdown()
+            return
+        try:
+            self.call("shutdown")
+        finally:  # also when the coordinator is the thing that died: its workers would hold their CPUs
+            self._kill()
+
+
+def _restore(run: Run, engine: Engine, st: dict | None) -> int:
+    """Put the coordinator at checkpoint ``st`` (None: the initial state, which a new coordinator has) and
+    drop what was recorded after it: metrics rows, ledger files, client-state versions. The first round to run."""
+    last = 0 if st is None else int(st["round"])
+    if st is None:
+        ClientStateStore(run.state_path).clear()
+    else:
+        engine.call("load_state_dict", st)
+        ClientStateStore(run.state_path).prune(keep_from_round=last + 1, drop_after_round=last)
+    run.rd.truncate_metrics(last)
+    return last + 1
 
 
 def _resume_state(run: Run, engine: Engine, log) -> int:
     """Load the newest checkpoint into the coordinator; the first round to run."""
     rd = run.rd
-    start_round = 1
-    if run.resume:
-        st = rd.load_checkpoint()  # what checkpoints/latest names; a damaged one raises
-        if st is not None:
-            engine.call("load_state_dict", st)
-            start_round = int(st["round"]) + 1
-            ClientStateStore(run.state_path).prune(keep_from_round=start_round, drop_after_round=int(st["round"]))
-            rd.truncate_metrics(int(st["round"]))
-        else:
-            recorded = rd.read_metrics()
-            if recorded:  # never start over silently: the recorded rounds would be lost
-                raise ConfigError(f"--resume {rd.path}: no checkpoint (checkpoints/latest) to continue the "
-                                  f"{len(recorded)} recorded rounds from (output.checkpoint_every="
-                                  f"{run.cfg.output.checkpoint_every}); start over with --overwrite")
-            ClientStateStore(run.state_path).clear()
-        log(f"[fedray] resuming {rd.path} at round {start_round}")
-    else:
+    if not run.resume:
         rd.truncate_metrics(0)
+        return 1
+    st = rd.load_checkpoint()  # what checkpoints/latest names; a damaged one raises
+    recorded = rd.read_metrics()
+    if st is None and recorded:  # never start over silently: the recorded rounds would be lost
+        raise ConfigError(f"--resume {rd.path}: no checkpoint (checkpoints/latest) to continue the "
+                          f"{len(recorded)} recorded rounds from (output.checkpoint_every="
+                          f"{run.cfg.output.checkpoint_every}); start over with --overwrite")
+    start_round = _restore(run, engine, st)
+    log(f"[fedray] resuming {rd.path} at round {start_round}")
     return start_round
 
 
@@ -264,14 +332,20 @@ class RoundLoop:
         for cb in self.callbacks:
             cb.on_run_start(self, start_round)
         try:
-            for rnd in range(start_round, int(self.run.cfg.train.rounds) + 1):
+            rnd = start_round
+            while rnd <= int(self.run.cfg.train.rounds):
                 for cb in self.callbacks:
                     cb.on_round_start(self, rnd)
                 t_round = time.perf_counter()
-                self.record(rnd, self.engine.run_round(rnd), t_round)
+                try:
+                    self.record(rnd, self.engine.run_round(rnd), t_round)
+                except CoordinatorLost as e:  # in the round or in a callback's call: back to the last checkpoint
+                    rnd = self._restart(rnd, e)
+                    continue
                 if self.stopping:
                     self.result.stopped_early = True
                     break
+                rnd += 1
         except (KeyboardInterrupt, _Interrupted):
             self.result.interrupted = True
             self._finish_in_flight()
@@ -285,6 +359,31 @@ class RoundLoop:
                 signal.signal(signal.SIGTERM, previous)
             for cb in self.callbacks:
                 cb.on_run_end(self, self.result.interrupted)
+
+    def _restart(self, rnd: int, err: CoordinatorLost) -> int:
+        """The coordinator died during round ``rnd``: a new one, at the last checkpoint (the rows, ledger files
+        and client state recorded after it are dropped); the round to go on from. Past
+        ``engine.max_coordinator_restarts`` restarts the run fails."""
+        limit = int(self.run.cfg.engine.max_coordinator_restarts)
+        while True:
+            if self.engine.restarts >= limit:
+                raise RunAborted(f"round {rnd}: the coordinator died after {self.engine.restarts} restart(s) "
+                                 f"(engine.max_coordinator_restarts={limit}): {err}") from err
+            self.log(f"[fedray] coordinator lost in round {rnd} ({err}); restarting it from the last checkpoint "
+                     f"({self.engine.restarts + 1}/{limit})")
+            try:
+                self.engine.restart()
+                start = _restore(self.run, self.engine, self.run.rd.load_checkpoint())
+                break
+            except CoordinatorLost as again:
+                err = again
+        self.result.coordinator_restarts = self.engine.restarts
+        self.result.rounds = self.run.rd.read_metrics()
+        self.stopping = False  # a stop asked for in a dropped round is asked again when that round is re-run
+        for cb in self.callbacks:
+            cb.on_restart(self, start)
+        self.log(f"[fedray] coordinator restarted; continuing at round {start}")
+        return start
 
     def _finish_in_flight(self) -> None:
         """The actor finishes the round it was running anyway: record it, so checkpoint and rows agree."""
@@ -338,13 +437,15 @@ def finish_run(run: Run, engine: Engine, result: RunResult, log=print) -> RunRes
             "startup_seconds": result.startup_seconds, "rounds_seconds": result.rounds_seconds,
             "mean_round_seconds": float(np.mean([r["seconds_total"] for r in result.rounds])) if result.rounds else None,
             "total_seconds": time.perf_counter() - run.t_start,
+            "coordinator_restarts": result.coordinator_restarts,
         }
         rd.write_json("summary.json", result.final)
     info = rd.read_json("run.json")
     info["status"] = "interrupted" if result.interrupted else ("stopped" if result.stopped_early else "finished")
     rd.write_json("run.json", info)
+    restarts = f" | coordinator restarts {result.coordinator_restarts}" if result.coordinator_restarts else ""
     log(f"[fedray] {'stopped' if result.interrupted else 'finished'}: accuracy {result.accuracy:.4f} | "
-        f"weights {result.weights_hash} | outputs in {rd.path}")
+        f"weights {result.weights_hash}{restarts} | outputs in {rd.path}")
     return result
 
 

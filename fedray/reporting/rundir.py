@@ -95,9 +95,13 @@ class RunDir:
         return rows
 
     def truncate_metrics(self, last_round: int) -> None:
-        """On resume: keep the rows of rounds <= last_round (rewritten atomically)."""
+        """On resume or a coordinator restart: keep the rows of rounds <= last_round (rewritten atomically)
+        and delete the ledger files of later rounds."""
         rows = [r for r in self.read_metrics() if int(r.get("round", 0)) <= last_round]
         atomic_write_text(self.metrics_path, "".join(json.dumps(_jsonable(r), sort_keys=True) + "\n" for r in rows))
+        for f in (self.path / "ledger").glob("round-*.parquet"):
+            if int(f.stem.rsplit("-", 1)[1]) > last_round:
+                f.unlink(missing_ok=True)
 
     def write_ledger(self, rnd: int, rows: list[dict]) -> None:
         import pyarrow as pa

@@ -44,8 +44,9 @@ class _Tally:
 
 
 class FederatedProgram:
-    def __init__(self, *, cfg, algorithm, server_opt, pool, sizes, num_params: int, **_unused):
+    def __init__(self, *, cfg, algorithm, server_opt, pool, sizes, num_params: int, faults=None, **_unused):
         self.cfg, self.algorithm, self.server_opt, self.pool = cfg, algorithm, server_opt, pool
+        self.faults = faults
         self.sizes = sizes
         self.num_params = int(num_params)
 
@@ -137,7 +138,7 @@ class FederatedProgram:
             if not collect_all:  # a drop can unblock results buffered behind it
                 folded(fold.skip(pos))
 
-        sched = TaskScheduler(self.pool, FailurePolicy.from_engine(e), rnd)
+        sched = TaskScheduler(self.pool, FailurePolicy.from_engine(e), rnd, faults=self.faults)
         tasks = [Task(tuple((p, sampled[p]) for p in range(i, min(i + chunk, k)))) for i in range(0, k, chunk)]
         deadline = time.perf_counter() + e.round_deadline_s if e.round_deadline_s is not None else None
         sched.run(tasks, lambda widx, task: self.pool.submit(widx, "run_clients", rnd, w_ref, p_ref, list(task.items),

@@ -66,8 +66,9 @@ class _Round:
 
 
 class SplitProgram:
-    def __init__(self, *, cfg, algorithm, pool, sizes, model, meta, class_counts, device, **_unused):
+    def __init__(self, *, cfg, algorithm, pool, sizes, model, meta, class_counts, device, faults=None, **_unused):
         self.cfg, self.algorithm, self.pool, self.sizes = cfg, algorithm, pool, sizes
+        self.faults = faults
         self.shape = algorithm.shape
         self.point = algorithm.split_point_for(model)
         self.layout = SplitLayout(model, self.point)
@@ -117,7 +118,7 @@ class SplitProgram:
                                 None if shape.server_copies else state.get("server_optimizer"),
                                 client_w if shape.server_copies else None)
         sched = TaskScheduler(self.pool, FailurePolicy.from_engine(cfg.engine, can_drop=False), rnd, atomic=True,
-                              record_success=False)
+                              record_success=False, faults=self.faults)
         r = _Round(rnd, sampled, items_of, self.pool.put(init), self.pool.put(payload), sched)
         secs["broadcast"] = time.perf_counter() - t0
 
