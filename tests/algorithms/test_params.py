@@ -46,7 +46,7 @@ ALGORITHM_DEFAULTS = {
     "fedavg_plus": {**_W, **_ADV},
     "fedlogit": {"prior": "local", "zero_mode": "clamp", "eps": 1e-9, **_W},
     "scala": {**_SPLIT, "prior": "local", "server_prior": "batch", "zero_mode": "clamp", "eps": 1e-9,
-              "grad_scale": "concat"},
+              "grad_scale": "client"},
     "splitfed_v1": _SPLIT,
     "splitfed_v2": {**_SPLIT, "order": "client"},
     "splitfed_v3": _SPLIT,
