@@ -18,6 +18,13 @@ import torch.nn.functional as F
 from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, param_anchors, register
 from fedray.algorithms.fedavg import WEIGHTING, FedAvg
 from fedray.algorithms.fedrcl import LEVELS_SPEC, level_taps, normalize_levels
+from fedray.algorithms.prototypes import (
+    SIGNAL_TAP,
+    class_means,
+    embed_client,
+    logits_and_features,
+    resolve_signal_tap,
+)
 from fedray.config import ConfigError
 from fedray.core.params import ParamSpec
 from fedray.core.weights import load_flat
@@ -302,15 +309,19 @@ class FedProc(FedAvg):
     ``L = α_r·L_proto + (1-α_r)·CE``, ``L_proto = mean_i -log( e^{cos(f_i,p_{y_i})/τ} / Σ_c e^{cos(f_i,p_c)/τ} )``
     over the global prototypes p_c (samples whose class has none count 0; τ = 1 as in the reference),
     ``α_r = 1 - (r-1)/(R-1)`` decaying linearly from 1 in round 1 to 0 in the last round R.
-    Prototypes: after local training each client embeds its data (``embedding`` tap, eval mode, no
-    augmentation) and sends the per-class means (extras); the coordinator averages them per class over the
+    f is the feature tap ``tap`` resolved like FedCCL/FedProto/FPL (:func:`~fedray.algorithms.prototypes.resolve_signal_tap`):
+    ``auto`` (default) is the trainable head's hidden layer (``head_hidden``) when the model is a frozen
+    backbone + MLP head, else ``embedding``; ``tap: embedding`` keeps the old choice, whose contrast has no
+    gradient when the backbone is frozen.
+    Prototypes: after local training each client embeds its data (that tap, eval mode, no augmentation)
+    and sends the per-class means (extras); the coordinator averages them per class over the
     round's clients (unweighted) and broadcasts them next round. In a round without prototypes (round 1)
     the loss is plain CE — a documented deviation from the reference, whose round-0 loss is exactly 0.
     """
 
     name = "fedproc"
     params_spec = {"tau": ParamSpec(1.0, "tau: temperature of the prototype contrast", float, gt=0),
-                   "weighting": WEIGHTING}
+                   "tap": SIGNAL_TAP, "weighting": WEIGHTING}
     description = "FedProc: prototype contrast with global class prototypes, annealed against CE"
 
     def _alpha(self, rnd: int) -> float:
@@ -337,49 +348,24 @@ class FedProc(FedAvg):
 
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
         tau = float(self.params["tau"])
+        tap = resolve_signal_tap(ctx.model, self.params["tap"])
         if "prototypes" in payload:
             protos = torch.from_numpy(np.array(payload["prototypes"], dtype=np.float32)).to(ctx.device)
             classes = torch.from_numpy(np.array(payload["proto_classes"], dtype=np.int64)).to(ctx.device)
             alpha = float(payload["proc_alpha"])
 
             def loss_fn(model, x, y):
-                logits, feats = model.forward_features(x, ["embedding"])
-                con = prototype_contrast_loss(feats["embedding"], y, protos, classes, tau=tau)
+                logits, feats = logits_and_features(model, x, tap)
+                con = prototype_contrast_loss(feats, y, protos, classes, tau=tau)
                 return alpha * con + (1.0 - alpha) * F.cross_entropy(logits, y)
         else:
             def loss_fn(model, x, y):
                 return F.cross_entropy(model(x), y)
 
         loss = local_sgd(ctx, loss_fn)
-        protos_local, classes_local = _class_means(ctx)
+        protos_local, classes_local = class_means(*embed_client(ctx, tap))
         return ClientUpdate(weights=ctx.flat.read(), num_samples=ctx.num_samples, loss=loss,
                             extras={"protos": protos_local, "proto_classes": classes_local})
-
-
-@torch.no_grad()
-def _class_means(ctx: ClientContext) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class mean ``embedding`` of the client's data under the trained model (eval mode, in order)."""
-    from fedray.data.loader import to_float
-
-    model = ctx.model
-    model.eval()
-    bs = max(int(ctx.train.batch_size), 64)
-    sums = None
-    counts = np.zeros(int(ctx.num_classes), dtype=np.int64)
-    for i in range(0, ctx.num_samples, bs):
-        xb = to_float(torch.from_numpy(np.array(ctx.images[i : i + bs])), ctx.meta, ctx.normalize).to(ctx.device)
-        yb = np.asarray(ctx.labels[i : i + bs], dtype=np.int64)
-        emb = model.embed(xb).to("cpu", torch.float64).numpy()
-        if sums is None:
-            sums = np.zeros((int(ctx.num_classes), emb.shape[1]), dtype=np.float64)
-        np.add.at(sums, yb, emb)
-        counts += np.bincount(yb, minlength=int(ctx.num_classes))
-    model.train()
-    present = np.flatnonzero(counts)
-    if sums is None or present.size == 0:
-        return np.zeros((0, getattr(model, "embedding_dim", 0)), dtype=np.float32), np.zeros(0, dtype=np.int64)
-    means = sums[present] / counts[present, None]
-    return means.astype(np.float32), present.astype(np.int64)
 
 
 # ------------------------------------------------------------------------------------------------ FedDyn

@@ -280,6 +280,40 @@ def test_fedproc_prototypes_are_per_class_means_of_client_means():
     assert list(upd.extras["proto_classes"]) == [0, 1, 2] and upd.extras["protos"].shape == (3, 8)
 
 
+def _frozen_head_model():
+    from fedray.models import build_model
+
+    torch.manual_seed(0)
+    return build_model("cnn_backbone_mlp", in_channels=1, image_size=28, num_classes=10, backbone="cnn4",
+                       backbone_options={"channels": [4, 8], "embed_dim": 16}, hidden=12, freeze_backbone=True)
+
+
+def test_fedproc_with_a_frozen_backbone_contrasts_the_trainable_head():
+    """tap: auto resolves to the head's hidden layer (12-d) when the backbone is frozen, so the prototype contrast
+    changes the trained head; on the frozen 16-d embedding (tap: embedding, the old choice) it has no gradient and
+    the update equals the alpha-weighted CE alone."""
+    cfg = from_dict(small_config(Path("/x"), Path("/x"), train__rounds=11))
+    g = FlatParams(_frozen_head_model()).read()
+    labels = np.arange(12) % 3
+
+    def update(params, protos):
+        algo = build_algorithm("fedproc", params, cfg)
+        payload = {"prototypes": protos, "proto_classes": np.array([0, 1, 2]), "proc_alpha": 0.9}
+        ctx = _ctx(_frozen_head_model(), g, labels=labels, rnd=2)
+        ctx.model_factory = _frozen_head_model
+        return algo.local_update(ctx, payload)
+
+    rng = np.random.default_rng(1)
+    auto_a = update({}, rng.normal(size=(3, 12)).astype(np.float32))
+    auto_b = update({}, rng.normal(size=(3, 12)).astype(np.float32))
+    assert auto_a.extras["protos"].shape == (3, 12)
+    assert not np.array_equal(auto_a.weights, auto_b.weights)  # the contrast term moves the head
+    emb_a = update({"tap": "embedding"}, rng.normal(size=(3, 16)).astype(np.float32))
+    emb_b = update({"tap": "embedding"}, rng.normal(size=(3, 16)).astype(np.float32))
+    assert emb_a.extras["protos"].shape == (3, 16)
+    np.testing.assert_array_equal(emb_a.weights, emb_b.weights)  # no gradient through the frozen embedding
+
+
 def test_fedmlb_cuts_feed_the_server_parts():
     from fedray.algorithms.baselines import _branch_points, _forward_cuts
 

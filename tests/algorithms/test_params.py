@@ -36,7 +36,7 @@ ALGORITHM_DEFAULTS = {
     "fedntd": {"beta": 0.3, "tau": 1.0, **_W},
     "feddecorr": {"beta": 0.01, **_W},
     "fedmlb": {"lam1": 1.0, "lam2": 1.0, "tau": 1.0, **_W},
-    "fedproc": {"tau": 1.0, **_W},
+    "fedproc": {"tau": 1.0, "tap": "auto", **_W},
     "feddyn": {"alpha": 0.1},
     "fedproto": {"mu": 1.0, "tap": "auto"},
     "fpl": {"tau": 0.02, "tap": "auto"},
