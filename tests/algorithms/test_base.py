@@ -44,3 +44,30 @@ def test_broadcast_proximal_term_value():
     term = broadcast_proximal_term(ctx, params)
     assert float(term().detach()) == pytest.approx(0.5 * 0.3 * float(np.sum((w.astype(np.float64) - g) ** 2)), rel=1e-5)
     assert broadcast_proximal_term(_ctx(model, g, prox_mu=0.0), params) is None
+
+
+@pytest.mark.parametrize("kind", ["fedprox", "fedacg"])
+def test_default_proximal_pull_equals_the_lab_codes_unhalved_term(kind):
+    """The FedRCL/FedACG lab code adds 1e-3 * sum ||theta - theta_anchor||^2 (no 1/2): fedray's default mu
+    (FedProx) / beta (FedACG) in its mu/2 form gives exactly that term, value and gradient."""
+    from fedray.algorithms import build_algorithm
+    from fedray.algorithms.server_opt import build_server_optimizer
+
+    hints = (build_algorithm("fedprox", {}) if kind == "fedprox" else build_server_optimizer("fedacg", 1.0)).client_hints()
+    model = _tiny_model()
+    w = FlatParams(model).read()
+    g = (w + np.random.default_rng(3).normal(0, 0.1, w.shape)).astype(np.float32)
+    ctx = _ctx(model, g, prox_mu=hints.prox_mu)
+    ctx.flat.load(w)
+    params = [p for p in model.parameters() if p.requires_grad]
+    term = broadcast_proximal_term(ctx, params)()
+    anchors = ctx.flat.layout  # the naive lab-code term, parameter by parameter in float64
+    ref = 0.0
+    for name, p in model.named_parameters():
+        off, n = next((o, k) for nm, _, o, k in anchors.slices() if nm == name)
+        ref += 1e-3 * float(np.sum((p.detach().double().numpy().ravel() - g[off:off + n].astype(np.float64)) ** 2))
+    assert float(term.detach()) == pytest.approx(ref, rel=1e-5)
+    (grad,) = torch.autograd.grad(term, [params[0]])
+    off, n = next((o, k) for nm, _, o, k in anchors.slices() if nm == next(iter(dict(model.named_parameters()))))
+    want = 2e-3 * (params[0].detach().numpy().ravel() - g[off:off + n])
+    np.testing.assert_allclose(grad.numpy().ravel(), want, rtol=1e-4, atol=1e-9)

@@ -314,6 +314,39 @@ def test_fedproc_with_a_frozen_backbone_contrasts_the_trainable_head():
     np.testing.assert_array_equal(emb_a.weights, emb_b.weights)  # no gradient through the frozen embedding
 
 
+@pytest.mark.parametrize("reduce", ["mean", "sum"])
+def test_fitnet_hint_matches_a_naive_reference(reduce):
+    """L = CE + lam * mean over levels of the hint between the local and the frozen global model's un-pooled maps
+    at every tap but 'embedding': 'mean' = mean over feature elements of the squared difference (default),
+    'sum' = per-sample half sum of squares, batch mean. Reference: float64 loops over levels and samples."""
+    import torch.nn.functional as F
+
+    g = FlatParams(_tiny_model()).read()
+    w = (g + np.random.default_rng(4).normal(0, 0.05, g.shape)).astype(np.float32)
+    model = _tiny_model()
+    ctx = _ctx(model, g)
+    ctx.flat.load(w)
+    loss_fn = build_algorithm("fitnet", {} if reduce == "mean" else {"reduce": "sum"}).make_loss(ctx, {})
+    x = torch.randn(5, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 1, 0])
+    got = float(loss_fn(model, x, y).detach())
+
+    glob = _tiny_model()
+    FlatParams(glob).load(g)
+    taps = [t for t in model.feature_taps if t != "embedding"]
+    logits, fl = model.forward_features(x, taps)
+    _, fg = glob.forward_features(x, taps)
+    hints = []
+    for t in taps:
+        a, b = fl[t].detach().double().numpy(), fg[t].detach().double().numpy()
+        if reduce == "mean":
+            hints.append(np.mean((a - b) ** 2))
+        else:
+            hints.append(np.mean([0.5 * np.sum((a[i] - b[i]) ** 2) for i in range(a.shape[0])]))
+    ref = float(F.cross_entropy(logits.detach().double(), y)) + 1e-3 * float(np.mean(hints))
+    assert got == pytest.approx(ref, rel=1e-5)
+
+
 def test_fedmlb_cuts_feed_the_server_parts():
     from fedray.algorithms.baselines import _branch_points, _forward_cuts
 
