@@ -15,7 +15,8 @@ Federated round program (``program = "federated"``)::
     new, state = algo.after_aggregate(rnd, new, [upd_k.extras], state, broadcast=server_weights)
 
 What the engine reads of an algorithm besides these hooks is typed: ``client_hints()`` (a
-:class:`ClientHints`, merged with the server optimizer's) and ``round_metrics()`` (extra report fields).
+:class:`ClientHints`, merged with the server optimizer's), ``round_metrics()`` (extra report fields) and
+``adapt_model(model)`` (the model the algorithm trains, e.g. MOON's projection head around the configured one).
 The split program (SCALA and SplitFed) declares ``program = "split"`` and the hooks of
 :mod:`fedray.algorithms.split`; the coordinator picks the round program once, from ``program``.
 """
@@ -162,6 +163,13 @@ class Algorithm:
     def client_hints(self) -> ClientHints:
         """Hints for every client's local training (FedProx: its proximal weight)."""
         return ClientHints()
+
+    def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model this algorithm trains, built from the configured one (default: unchanged). The engine
+        calls it every time it builds a model (:meth:`fedray.engine.replica.Replica.model_factory`: the
+        initial global model, every worker's replica and the frozen copies), so all of them share one
+        architecture and one flat weight layout; e.g. MOON adds its projection head here."""
+        return model
 
     def round_metrics(self, rnd: int, state: dict, num_sampled: int) -> dict:
         """Extra fields of the round report, read after ``after_aggregate``; a ``"bytes"`` mapping is merged

@@ -111,8 +111,15 @@ class MOON(_FrozenCopies, FedAvg):
     r"""MOON (Li et al., CVPR 2021): model-contrastive learning against the global and previous local model.
 
     ``L = CE(z, y) + μ · mean_i -log( e^{cos(r_i, r^g_i)/τ} / (e^{cos(r_i, r^g_i)/τ} + e^{cos(r_i, r^p_i)/τ}) )``
-    with ``r`` the ``embedding`` tap (no projection head, as in the FPL-group reference code) of the local,
-    the frozen global and the frozen previous local model. μ = 1 (FedRCL appendix E), τ = 0.5.
+    (the paper's Eq. 3-4) with ``r`` the ``embedding`` tap of the local, the frozen global and the frozen
+    previous local model. μ = 1 (FedRCL appendix E), τ = 0.5.
+
+    ``projection: true`` (default, the official MOON code's ``ModelFedCon``): the run's model is the configured
+    one with a projection head (:class:`fedray.models.ProjectedModel`, requested through :meth:`adapt_model`):
+    pooled feature h -> ``r = l2(ReLU(l1(h)))`` (D -> D -> ``proj_dim`` = 256) -> a new linear classifier on r,
+    so both the contrast and the classification read r, and the head's weights are part of the averaged
+    flat vector. ``projection: false`` (option, the FPL-group code's form): the configured model unchanged,
+    r = its ``embedding`` (the vector its classifier reads).
     The previous local model is this client's weights after its last local training, kept in client state
     (``prev``, a flat vector); at a client's first visit it is the received global model, so the
     contrastive term is the constant log 2 (no gradient) as in the original code.
@@ -122,10 +129,25 @@ class MOON(_FrozenCopies, FedAvg):
     stateful_clients = True
     params_spec = {"mu": ParamSpec(1.0, "mu: weight of the model-contrastive term", float, ge=0),
                    "tau": ParamSpec(0.5, "tau: temperature of the model-contrastive term", float, gt=0),
+                   "projection": ParamSpec(True, "add the official 2-layer projection head (contrast and classifier "
+                                           "read its output); false: contrast the model's own embedding", bool),
+                   "proj_dim": ParamSpec(256, "output size of the projection head", int, ge=1),
                    "weighting": WEIGHTING}
     description = "MOON: CE + model-contrastive loss (global vs previous local representation)"
 
-    def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
+    def adapt_model(self, model):
+        if not self.params["projection"]:
+            return model
+        from fedray.models import ProjectedModel
+
+        return ProjectedModel(model, int(self.params["proj_dim"]))
+
+    def make_loss(self, ctx: ClientContext, payload: dict):
+        from fedray.models import ProjectedModel
+
+        if self.params["projection"] and not isinstance(ctx.model, ProjectedModel):
+            raise RuntimeError("moon: projection: true trains the model returned by MOON.adapt_model (the configured "
+                               f"model with a projection head); this client got a plain {type(ctx.model).__name__}")
         mu, tau = float(self.params["mu"]), float(self.params["tau"])
         glob = self.frozen_model(ctx, "global", ctx.global_weights)
         prev = None
@@ -139,7 +161,10 @@ class MOON(_FrozenCopies, FedAvg):
                 zp = prev.embed(x) if prev is not None else zg
             return F.cross_entropy(logits, y) + mu * model_contrastive_loss(feats["embedding"], zg, zp, T=tau)
 
-        loss = local_sgd(ctx, loss_fn)
+        return loss_fn
+
+    def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
+        loss = local_sgd(ctx, self.make_loss(ctx, payload))
         w = ctx.flat.read()
         return ClientUpdate(weights=w, num_samples=ctx.num_samples, loss=loss, state={"prev": w})
 

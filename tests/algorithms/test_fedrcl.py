@@ -250,17 +250,78 @@ def test_feddyn_client_state_update():
     np.testing.assert_allclose(upd2.state["grad"], upd.state["grad"] - 0.1 * (upd2.weights - g), rtol=1e-5, atol=1e-8)
 
 
-def test_moon_first_visit_equals_ce_and_state_is_the_trained_model():
-    """At a first visit the previous model is the global one: the contrastive term is log 2 with zero gradient,
-    so MOON's update equals FedAvg's; the stored state is the trained weights."""
-    g = FlatParams(_tiny_model()).read()
-    moon = build_algorithm("moon", {}).local_update(_ctx(_tiny_model(), g), {})
-    avg = build_algorithm("fedavg", {}).local_update(_ctx(_tiny_model(), g), {})
+@pytest.mark.parametrize("projection", [True, False])
+def test_moon_first_visit_equals_ce_and_state_is_the_trained_model(projection):
+    """At a client's first visit the previous model is the global one: the contrastive term is the constant log 2,
+    so MOON's update equals FedAvg's (on the same, projected or plain, model); the stored state is the trained
+    weights."""
+    algo = build_algorithm("moon", {"projection": projection, "proj_dim": 6})
+
+    def model():
+        return algo.adapt_model(_tiny_model())
+
+    def ctx(**kw):
+        c = _ctx(model(), g, **kw)
+        c.model_factory = model
+        return c
+
+    g = FlatParams(model()).read()
+    moon = algo.local_update(ctx(), {})
+    avg = build_algorithm("fedavg", {}).local_update(ctx(), {})
     np.testing.assert_allclose(moon.weights, avg.weights, rtol=0, atol=1e-6)
     assert moon.loss == pytest.approx(avg.loss + np.log(2), rel=1e-4)
     np.testing.assert_array_equal(moon.state["prev"], moon.weights)
-    second = build_algorithm("moon", {}).local_update(_ctx(_tiny_model(), g, state=moon.state), {})
+    second = build_algorithm("moon", {"projection": projection, "proj_dim": 6}).local_update(
+        ctx(state=moon.state), {})
     assert not np.allclose(second.weights, avg.weights, atol=1e-6)
+
+
+def test_moon_projection_head_matches_the_official_model_and_loss():
+    """projection: true (the official ModelFedCon): h = the base model's pooled feature, z = l2(relu(l1(h))),
+    logits = fc(z); L = CE(logits, y) + mu * mean_i -log(e^{cos(z,zg)/tau} / (e^{cos(z,zg)/tau} + e^{cos(z,zp)/tau})).
+    The head (and not the base classifier) is in the averaged flat vector; a plain model is refused."""
+    import torch.nn.functional as F
+
+    algo = build_algorithm("moon", {"proj_dim": 6})
+    names = [n for n, _, _, _ in FlatParams(algo.adapt_model(_tiny_model())).layout.slices()]
+    assert {"proj_l1.weight", "proj_l2.bias", "proj_fc.weight"} <= set(names)
+    assert not any(n.startswith(_tiny_model()._classifier_path + ".") for n in names)
+
+    def model(seed):
+        torch.manual_seed(seed)
+        base = _tiny_model()
+        for p in base.parameters():
+            p.data.add_(torch.randn(p.shape) * 0.05)
+        return algo.adapt_model(base)
+
+    local, glob, prev = model(1), model(2), model(3)
+    w_g, w_p = FlatParams(glob).read(), FlatParams(prev).read()
+    ctx = _ctx(local, w_g, state={"prev": w_p})
+    ctx.flat.load(FlatParams(model(1)).read())
+    ctx.model_factory = lambda: algo.adapt_model(_tiny_model())
+    x = torch.randn(5, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 1, 0])
+    got = float(algo.make_loss(ctx, {})(local, x, y).detach())
+
+    def official(m):  # h -> l1 -> relu -> l2 (= the projection) -> fc
+        h = m.forward_features(x, ["pooled"])[1]["pooled"].flatten(1)
+        z = m.proj_l2(F.relu(m.proj_l1(h)))
+        return z, m.proj_fc(z)
+
+    with torch.no_grad():
+        z, logits = official(local)
+        zg, _ = official(glob)
+        zp, _ = official(prev)
+        con = []
+        for i in range(5):
+            pos = torch.exp(F.cosine_similarity(z[i], zg[i], dim=0) / 0.5)
+            neg = torch.exp(F.cosine_similarity(z[i], zp[i], dim=0) / 0.5)
+            con.append(-torch.log(pos / (pos + neg)))
+        ref = float(F.cross_entropy(logits, y) + 1.0 * torch.stack(con).mean())
+    assert got == pytest.approx(ref, rel=1e-5)
+    torch.testing.assert_close(local(x), logits)
+    with pytest.raises(RuntimeError, match="projection: true"):
+        algo.make_loss(_ctx(_tiny_model(), FlatParams(_tiny_model()).read()), {})
 
 
 def test_fedproc_prototypes_are_per_class_means_of_client_means():

@@ -30,7 +30,7 @@ ALGORITHM_DEFAULTS = {
     "fedscl": {"tau": 0.05, "variant": "reference", "levels": "all", **_W},
     "fedcl": {"tau": 0.05, "weight": 1.0, "levels": "all", "view_augment": ["rotate", "crop", "flip"], **_W},
     "fitnet": {"lam": 1e-3, "levels": "all", "reduce": "mean", **_W},
-    "moon": {"mu": 1.0, "tau": 0.5, **_W},
+    "moon": {"mu": 1.0, "tau": 0.5, "projection": True, "proj_dim": 256, **_W},
     "fedlc": {"tau": 1.0, **_W},
     "fedla": {"tau": 1.0, **_W},
     "fedntd": {"beta": 0.3, "tau": 1.0, **_W},
