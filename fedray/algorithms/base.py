@@ -208,7 +208,8 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
 
     Epoch ``e`` visits the client's samples in the order of the e-th permutation drawn from
     ``ctx.rng("order")`` (epoch 1 is exactly the benchmark workload's order), batches of
-    ``train.batch_size`` (last one smaller unless ``drop_last``), ``loss_fn(model, x, y)`` per batch,
+    ``train.batch_size`` (last one smaller unless ``drop_last``); with ``train.local_steps = T`` exactly T
+    batches of that stream instead (:func:`batch_schedule`); ``loss_fn(model, x, y)`` per batch,
     optional gradient-norm clipping, one optimizer step. Returns the sample-weighted mean loss.
     """
     from fedray.data.loader import to_float
@@ -250,16 +251,34 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
 def batch_schedule(ctx: ClientContext):
     """The row indices of every local step of :func:`local_sgd`, in order: epoch ``e`` is the e-th
     permutation drawn from ``ctx.rng("order")``, cut into batches of ``train.batch_size`` (the last one
-    smaller unless ``drop_last``). Multi-client training uses the same schedule."""
+    smaller unless ``drop_last``). Multi-client training uses the same schedule.
+
+    ``train.local_steps = T`` (when set) replaces the epochs by exactly T steps: the first T batches of that
+    same stream of keyed permutations (a new epoch starts whenever one is used up), so T = epochs x batches
+    per epoch gives the epoch schedule. No step when an epoch has no batch (``drop_last`` with fewer rows than
+    a batch, or no rows)."""
     t = ctx.train
     n = ctx.num_samples
     bs = int(t.batch_size)
+    stop = (n // bs) * bs if t.drop_last else n
+    steps = getattr(t, "local_steps", None)
+    if stop <= 0:
+        return
     order = ctx.rng("order")
-    for _epoch in range(int(t.local_epochs)):
+    if steps is None:
+        for _epoch in range(int(t.local_epochs)):
+            perm = order.permutation(n)
+            for i in range(0, stop, bs):
+                yield perm[i : i + bs]
+        return
+    left = int(steps)
+    while left > 0:
         perm = order.permutation(n)
-        stop = (n // bs) * bs if t.drop_last else n
         for i in range(0, stop, bs):
             yield perm[i : i + bs]
+            left -= 1
+            if left == 0:
+                return
 
 
 def param_anchors(ctx: ClientContext, vec: np.ndarray, params=None) -> list[torch.Tensor]:

@@ -195,14 +195,17 @@ class LastEpochPrototypes:
     """Accumulates per-class feature sums over the last local epoch (RethinkFL's on-the-fly prototypes).
 
     ``local_sgd`` visits ``ceil(n / bs)`` batches per epoch (``floor`` with ``drop_last``); the batches of
-    the last epoch are the last ``per_epoch`` calls.
+    the last epoch are the last ``per_epoch`` calls (with ``train.local_steps = T``: the last
+    ``min(T, per_epoch)`` steps, one epoch's worth).
     """
 
     def __init__(self, ctx: ClientContext, num_classes: int):
         t = ctx.train
         n, bs = ctx.num_samples, int(t.batch_size)
         per_epoch = n // bs if t.drop_last else -(-n // bs)
-        self.first_batch = (int(t.local_epochs) - 1) * per_epoch
+        steps = getattr(t, "local_steps", None)
+        total = int(t.local_epochs) * per_epoch if steps is None else int(steps)
+        self.first_batch = max(0, total - per_epoch)
         self.calls = 0
         self.sums: torch.Tensor | None = None
         self.counts = torch.zeros(num_classes, dtype=torch.float64)

@@ -17,7 +17,8 @@ server-side part f(w_s). The engine's split round program (:mod:`fedray.engine.p
 All methods use the client optimizer settings of ``train`` (``optimizer``, ``lr`` decayed by
 ``lr_decay`` per round, ``momentum``, ``weight_decay``, ``grad_clip``) on both sides, except that
 ``params.server_lr`` (if set) replaces ``train.lr`` for the server-side model. ``train.batch_size`` and
-``train.local_epochs`` are not used by split methods (``params.batch_size`` / ``params.local_iters`` are).
+``train.local_epochs`` are not used by split methods (``params.batch_size`` / ``params.local_iters`` are;
+``train.local_steps`` is refused).
 
 | name             | server side                                                         | client side              |
 |------------------|---------------------------------------------------------------------|--------------------------|
@@ -207,6 +208,9 @@ class SplitAlgorithm(Algorithm):
                                   "every sampled client takes part in every local iteration")
             if cfg.engine.round_deadline_s is not None:
                 raise ConfigError(f"engine.round_deadline_s: not supported by the split program ({self.name!r})")
+            if getattr(cfg.train, "local_steps", None) is not None:
+                raise ConfigError(f"train.local_steps: not used by the split program ({self.name!r}); its local "
+                                  "iterations per round are algorithm.params.local_iters")
 
     # ------------------------------------------------------------------------------------ model
     def split_point_for(self, model) -> str:

@@ -181,3 +181,14 @@ def test_scala_default_client_gradients_are_eq8_per_client_losses():
         old, _, _ = run({"grad_scale": "concat"})
         assert not torch.allclose(old[k], g_k, rtol=1e-3, atol=1e-7)
         torch.testing.assert_close(old[k], g_k * sizes[k] / sum(sizes), rtol=1e-5, atol=1e-7)
+
+
+def test_split_methods_refuse_train_local_steps():
+    """Split methods count local iterations in algorithm.params.local_iters; train.local_steps is refused by name."""
+    from fedray.algorithms import build_algorithm
+    from fedray.config import ConfigError
+
+    cfg = from_dict(small_config(Path("/unused"), Path("/unused"), algorithm={"name": "scala"},
+                                 model={"name": "alexnet_split"}, train__local_steps=3))
+    with pytest.raises(ConfigError, match=r"train.local_steps: not used by the split program .*local_iters"):
+        build_algorithm("scala", {}, cfg)
