@@ -110,6 +110,9 @@ class TrainConfig:
     rounds: int = 10
     clients_per_round: int = 10
     local_epochs: int = 1
+    # T optimizer steps per round instead of epochs (None: local_epochs); the batches continue the client's
+    # keyed epoch permutations (fedray.algorithms.base.batch_schedule)
+    local_steps: int | None = None
     batch_size: int = 10
     optimizer: str = "sgd"  # sgd | adam
     lr: float = 0.05
@@ -378,6 +381,10 @@ def validate_config(cfg: ExperimentConfig) -> None:
     _positive("train.rounds", t.rounds)
     _positive("train.clients_per_round", t.clients_per_round)
     _positive("train.local_epochs", t.local_epochs)
+    if t.local_steps is not None and (isinstance(t.local_steps, bool) or not isinstance(t.local_steps, int)
+                                      or t.local_steps < 1):
+        raise ConfigError(f"train.local_steps: must be an integer >= 1 (optimizer steps per round) or null "
+                          f"(train.local_epochs epochs), got {t.local_steps!r}")
     _positive("train.batch_size", t.batch_size)
     _positive("train.lr", t.lr, allow_zero=True)
     _positive("train.momentum", t.momentum, allow_zero=True)
@@ -445,7 +452,7 @@ def validate_config(cfg: ExperimentConfig) -> None:
 
 # Fields added after runs existed: hashed only when they differ from this default, so the run names
 # (config hashes) of earlier configs stay the same.
-_HASH_ONLY_IF_NOT = {"engine.multi_client": 1}
+_HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "train.local_steps": None}
 
 
 def _hash_view(d: dict, prefix: str = "") -> dict:

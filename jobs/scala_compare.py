@@ -10,8 +10,9 @@ Setting (SCALA §5 on the embedded MNIST subset): 100 clients, 10% per round, la
 partitioner; clients left empty by so small a β are never sampled); AlexNet-style CNN cut after its first
 6 layers (``alexnet_split``, split point ``block2``); SGD lr 0.01. Split methods: B = 320 split across the
 round's clients in proportion to their data, 5 local iterations per round. FL baselines (FedAvg,
-FedLogit = FedAvg with SCALA's Eq. 15 as local loss) train ``--fl-epochs`` epochs of batch 32 per round,
-about the split methods' 5 steps of B_k ≈ 32 on 40-image clients.
+FedLogit = FedAvg with SCALA's Eq. 15 as local loss) take T local iterations per round as in SCALA's Table 7
+(``train.local_steps = T``, T = ``--fl-steps``, default the split methods' local iterations), batch 32
+(about B_k = 320 / 10 clients).
 
 Outputs under ``--out`` (default ``runs/scala_compare``): one run directory per (method, partition) in
 ``runs/``, ``scala_compare.md`` (settings + a method × partition table: final / EMA-0.9 / best accuracy and
@@ -46,17 +47,28 @@ PARTITIONS = {
 SMALL_MODEL = {"channels": [16, 32, 32, 64, 64], "fc": [128, 64]}
 
 
+def local_iters(args) -> int:
+    """The split methods' local iterations per round."""
+    return 2 if args.quick else 5
+
+
+def fl_steps(args) -> int:
+    """T, the FL baselines' local iterations per round (default: the split methods')."""
+    return int(args.fl_steps) if args.fl_steps is not None else local_iters(args)
+
+
 def experiment_config(method: str, part: str, args) -> dict:
     """The config dict of one run of the comparison."""
     quick = bool(args.quick)
     rounds = args.rounds if args.rounds is not None else (3 if quick else 50)
     pname, pparams, _ = PARTITIONS[part]
+    iters = local_iters(args)
     if method in SPLIT:
-        params = {"batch_size": 320, "local_iters": 2 if quick else 5}
+        params = {"batch_size": 320, "local_iters": iters}
         train = {"local_epochs": 1, "batch_size": 32}
-    else:
+    else:  # T local iterations (SCALA's Table 7), not epochs
         params = {}
-        train = {"local_epochs": 1 if quick else int(args.fl_epochs), "batch_size": 32}
+        train = {"local_steps": fl_steps(args), "batch_size": 32}
     return {
         "seed": int(args.seed),
         "data": {
@@ -131,14 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="rounds per run (default 50, --quick 3)")
     ap.add_argument("--out", default="runs/scala_compare", help="output directory")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke mode: 3 rounds, 2 local iterations, 1 FL epoch, narrow model")
+                    help="smoke mode: 3 rounds, 2 local iterations (split and FL), narrow model")
     ap.add_argument("--small-model", action="store_true", help=f"narrow alexnet_split {SMALL_MODEL} for CPU runs")
     ap.add_argument("--source", default="mnist5k", help="data source (e.g. cifar10 with --data-root)")
     ap.add_argument("--data-root", default=None, help="directory of on-disk datasets (data.root)")
     ap.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=list(PARTITIONS))
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (paper: 0.01)")
-    ap.add_argument("--fl-epochs", type=int, default=3, help="local epochs of the FL baselines (batch 32)")
+    ap.add_argument("--fl-steps", type=int, default=None,
+                    help="T: local iterations of the FL baselines per round, batch 32 (default: the split methods' "
+                         "local iterations, 5; --quick 2)")
     ap.add_argument("--eval-every", type=int, default=1, help="evaluate every k rounds")
     ap.add_argument("--backend", choices=["local", "ray"], default="local")
     ap.add_argument("--parallel", type=int, default=None,
@@ -155,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds is not None and args.rounds < 1:
         print("jobs.scala_compare: error: --rounds: must be >= 1", file=sys.stderr)
         return 2
-    if args.fl_epochs < 1 or args.eval_every < 1:
-        print("jobs.scala_compare: error: --fl-epochs and --eval-every must be >= 1", file=sys.stderr)
+    if (args.fl_steps is not None and args.fl_steps < 1) or args.eval_every < 1:
+        print("jobs.scala_compare: error: --fl-steps and --eval-every must be >= 1", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -218,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.source} / alexnet_split ({model}), split after 6 layers; 100 clients, 10 per round; partitions: "
         + "; ".join(f"{p} = {PARTITIONS[p][2]}" for p in args.partitions)
         + f". {c0['train']['rounds']} rounds, SGD lr {args.lr}. Split methods: B = 320 in proportion to client data, "
-        f"{2 if args.quick else 5} local iterations per round; FL baselines: "
-        f"{1 if args.quick else args.fl_epochs} local epochs of batch 32. Seed {args.seed}. "
+        f"{local_iters(args)} local iterations per round; FL baselines: "
+        f"{fl_steps(args)} local iterations (train.local_steps) of batch 32. Seed {args.seed}. "
         f"Wall time {elapsed / 60:.1f} min.",
         "",
         "Accuracy of the global model on the full test set at the last round (raw, EMA-0.9, best over rounds);",

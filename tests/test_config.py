@@ -48,6 +48,16 @@ def test_overrides_are_typed_and_nested(tmp_path):
     assert cfg.engine.backend == "local"
 
 
+def test_local_steps_enters_the_hash_only_when_set():
+    """train.local_steps changes the numbers, so it is hashed when set; unset (null) it leaves the hashes (and run
+    names) of configs written before the field existed unchanged."""
+    base = from_dict({"train": {"rounds": 4}})
+    assert config_hash(from_dict({"train": {"rounds": 4, "local_steps": None}})) == config_hash(base)
+    five = from_dict({"train": {"rounds": 4, "local_steps": 5}})
+    assert five.train.local_steps == 5 and config_hash(five) not in (config_hash(base), config_hash(
+        from_dict({"train": {"rounds": 4, "local_steps": 6}})))
+
+
 def test_hash_ignores_placement_but_not_numbers(tmp_path):
     base = from_dict({"train": {"rounds": 4}})
     same = from_dict({"train": {"rounds": 4}, "engine": {"num_workers": 4, "backend": "local",
@@ -73,6 +83,8 @@ def test_hash_ignores_placement_but_not_numbers(tmp_path):
     ({"engine": {"backend": "local", "fault_injection": {"kind": "coordinator_exit", "round": 1}}},
      "engine.fault_injection: kind coordinator_exit needs engine.backend: ray"),
     ({"train": {"optimizer": "lbfgs"}}, "train.optimizer"),
+    ({"train": {"local_steps": 0}}, "train.local_steps: must be an integer >= 1"),
+    ({"train": {"local_steps": 2.5}}, "train.local_steps: expected an integer"),
 ])
 def test_validation_names_the_field(data, msg):
     with pytest.raises(ConfigError) as e:

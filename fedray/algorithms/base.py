@@ -15,7 +15,8 @@ Federated round program (``program = "federated"``)::
     new, state = algo.after_aggregate(rnd, new, [upd_k.extras], state, broadcast=server_weights)
 
 What the engine reads of an algorithm besides these hooks is typed: ``client_hints()`` (a
-:class:`ClientHints`, merged with the server optimizer's) and ``round_metrics()`` (extra report fields).
+:class:`ClientHints`, merged with the server optimizer's), ``round_metrics()`` (extra report fields) and
+``adapt_model(model)`` (the model the algorithm trains, e.g. MOON's projection head around the configured one).
 The split program (SCALA and SplitFed) declares ``program = "split"`` and the hooks of
 :mod:`fedray.algorithms.split`; the coordinator picks the round program once, from ``program``.
 """
@@ -163,6 +164,13 @@ class Algorithm:
         """Hints for every client's local training (FedProx: its proximal weight)."""
         return ClientHints()
 
+    def adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model this algorithm trains, built from the configured one (default: unchanged). The engine
+        calls it every time it builds a model (:meth:`fedray.engine.replica.Replica.model_factory`: the
+        initial global model, every worker's replica and the frozen copies), so all of them share one
+        architecture and one flat weight layout; e.g. MOON adds its projection head here."""
+        return model
+
     def round_metrics(self, rnd: int, state: dict, num_sampled: int) -> dict:
         """Extra fields of the round report, read after ``after_aggregate``; a ``"bytes"`` mapping is merged
         into the report's byte counts (e.g. FedCCL's signal bytes)."""
@@ -200,7 +208,8 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
 
     Epoch ``e`` visits the client's samples in the order of the e-th permutation drawn from
     ``ctx.rng("order")`` (epoch 1 is exactly the benchmark workload's order), batches of
-    ``train.batch_size`` (last one smaller unless ``drop_last``), ``loss_fn(model, x, y)`` per batch,
+    ``train.batch_size`` (last one smaller unless ``drop_last``); with ``train.local_steps = T`` exactly T
+    batches of that stream instead (:func:`batch_schedule`); ``loss_fn(model, x, y)`` per batch,
     optional gradient-norm clipping, one optimizer step. Returns the sample-weighted mean loss.
     """
     from fedray.data.loader import to_float
@@ -242,16 +251,34 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
 def batch_schedule(ctx: ClientContext):
     """The row indices of every local step of :func:`local_sgd`, in order: epoch ``e`` is the e-th
     permutation drawn from ``ctx.rng("order")``, cut into batches of ``train.batch_size`` (the last one
-    smaller unless ``drop_last``). Multi-client training uses the same schedule."""
+    smaller unless ``drop_last``). Multi-client training uses the same schedule.
+
+    ``train.local_steps = T`` (when set) replaces the epochs by exactly T steps: the first T batches of that
+    same stream of keyed permutations (a new epoch starts whenever one is used up), so T = epochs x batches
+    per epoch gives the epoch schedule. No step when an epoch has no batch (``drop_last`` with fewer rows than
+    a batch, or no rows)."""
     t = ctx.train
     n = ctx.num_samples
     bs = int(t.batch_size)
+    stop = (n // bs) * bs if t.drop_last else n
+    steps = getattr(t, "local_steps", None)
+    if stop <= 0:
+        return
     order = ctx.rng("order")
-    for _epoch in range(int(t.local_epochs)):
+    if steps is None:
+        for _epoch in range(int(t.local_epochs)):
+            perm = order.permutation(n)
+            for i in range(0, stop, bs):
+                yield perm[i : i + bs]
+        return
+    left = int(steps)
+    while left > 0:
         perm = order.permutation(n)
-        stop = (n // bs) * bs if t.drop_last else n
         for i in range(0, stop, bs):
             yield perm[i : i + bs]
+            left -= 1
+            if left == 0:
+                return
 
 
 def param_anchors(ctx: ClientContext, vec: np.ndarray, params=None) -> list[torch.Tensor]:

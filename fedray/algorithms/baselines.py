@@ -18,6 +18,13 @@ import torch.nn.functional as F
 from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, param_anchors, register
 from fedray.algorithms.fedavg import WEIGHTING, FedAvg
 from fedray.algorithms.fedrcl import LEVELS_SPEC, level_taps, normalize_levels
+from fedray.algorithms.prototypes import (
+    SIGNAL_TAP,
+    class_means,
+    embed_client,
+    logits_and_features,
+    resolve_signal_tap,
+)
 from fedray.config import ConfigError
 from fedray.core.params import ParamSpec
 from fedray.core.weights import load_flat
@@ -54,14 +61,23 @@ class _FrozenCopies:
 class FitNet(_FrozenCopies, FedAvg):
     r"""FedAvg + FitNet hints (Romero et al. 2015): match the frozen global model's features at every level.
 
-    ``L = CE(z, y) + λ · mean_l (1/B) Σ_i ½‖f_l(x_i) - g_l(x_i)‖²`` with ``f_l`` the local and ``g_l`` the
-    global model's (detached) un-pooled feature maps at the levels of FedRCL (every tap but ``embedding``,
-    or the last one with ``levels: last``), λ = 1e-3 (FedRCL appendix E).
+    ``L = CE(z, y) + λ · mean_l h_l`` with ``f_l`` the local and ``g_l`` the global model's (detached)
+    un-pooled feature maps at the levels of FedRCL (every tap but ``embedding``, or the last one with
+    ``levels: last``), λ = 1e-3 (FedRCL appendix E), and the hint (Romero et al. Eq. 2/3)
+
+    - ``reduce: mean`` (default): ``h_l = mean over the B·C·H·W elements of (f_l - g_l)²`` (an MSE, the
+      per-element scale of the lab code's feature-alignment loss);
+    - ``reduce: sum`` (option, the older default): ``h_l = (1/B) Σ_i ½‖f_l(x_i) - g_l(x_i)‖²``, which sums
+      over every element of an un-pooled map and at λ = 1e-3 outweighs CE about 7x on FedRCL's ResNet-18.
     """
 
     name = "fitnet"
     params_spec = {"lam": ParamSpec(1e-3, "lambda: weight of the feature-matching hint", float, ge=0),
-                   "levels": LEVELS_SPEC, "weighting": WEIGHTING}
+                   "levels": LEVELS_SPEC,
+                   "reduce": ParamSpec("mean", "hint per level: mean squared difference over feature elements "
+                                       "('mean') or the per-sample half sum of squares ('sum')", str,
+                                       choices=("mean", "sum")),
+                   "weighting": WEIGHTING}
     description = "FedAvg + FitNet feature matching to the global model at every level"
 
     def validate(self):
@@ -72,12 +88,18 @@ class FitNet(_FrozenCopies, FedAvg):
         taps = level_taps(ctx.model, self.params["levels"])
         lam = float(self.params["lam"])
         glob = self.frozen_model(ctx, "global", ctx.global_weights)
+        if self.params["reduce"] == "mean":
+            def level_hint(f, g):
+                return (f - g).pow(2).mean()
+        else:
+            def level_hint(f, g):
+                return 0.5 * (f - g).pow(2).flatten(1).sum(1).mean()
 
         def loss_fn(model, x, y):
             logits, feats = model.forward_features(x, taps)
             with torch.no_grad():
                 _, gfeats = glob.forward_features(x, taps)
-            hint = torch.stack([0.5 * (feats[t] - gfeats[t]).pow(2).flatten(1).sum(1).mean() for t in taps]).mean()
+            hint = torch.stack([level_hint(feats[t], gfeats[t]) for t in taps]).mean()
             return F.cross_entropy(logits, y) + lam * hint
 
         return loss_fn
@@ -89,8 +111,15 @@ class MOON(_FrozenCopies, FedAvg):
     r"""MOON (Li et al., CVPR 2021): model-contrastive learning against the global and previous local model.
 
     ``L = CE(z, y) + μ · mean_i -log( e^{cos(r_i, r^g_i)/τ} / (e^{cos(r_i, r^g_i)/τ} + e^{cos(r_i, r^p_i)/τ}) )``
-    with ``r`` the ``embedding`` tap (no projection head, as in the FPL-group reference code) of the local,
-    the frozen global and the frozen previous local model. μ = 1 (FedRCL appendix E), τ = 0.5.
+    (the paper's Eq. 3-4) with ``r`` the ``embedding`` tap of the local, the frozen global and the frozen
+    previous local model. μ = 1 (FedRCL appendix E), τ = 0.5.
+
+    ``projection: true`` (default, the official MOON code's ``ModelFedCon``): the run's model is the configured
+    one with a projection head (:class:`fedray.models.ProjectedModel`, requested through :meth:`adapt_model`):
+    pooled feature h -> ``r = l2(ReLU(l1(h)))`` (D -> D -> ``proj_dim`` = 256) -> a new linear classifier on r,
+    so both the contrast and the classification read r, and the head's weights are part of the averaged
+    flat vector. ``projection: false`` (option, the FPL-group code's form): the configured model unchanged,
+    r = its ``embedding`` (the vector its classifier reads).
     The previous local model is this client's weights after its last local training, kept in client state
     (``prev``, a flat vector); at a client's first visit it is the received global model, so the
     contrastive term is the constant log 2 (no gradient) as in the original code.
@@ -100,10 +129,25 @@ class MOON(_FrozenCopies, FedAvg):
     stateful_clients = True
     params_spec = {"mu": ParamSpec(1.0, "mu: weight of the model-contrastive term", float, ge=0),
                    "tau": ParamSpec(0.5, "tau: temperature of the model-contrastive term", float, gt=0),
+                   "projection": ParamSpec(True, "add the official 2-layer projection head (contrast and classifier "
+                                           "read its output); false: contrast the model's own embedding", bool),
+                   "proj_dim": ParamSpec(256, "output size of the projection head", int, ge=1),
                    "weighting": WEIGHTING}
     description = "MOON: CE + model-contrastive loss (global vs previous local representation)"
 
-    def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
+    def adapt_model(self, model):
+        if not self.params["projection"]:
+            return model
+        from fedray.models import ProjectedModel
+
+        return ProjectedModel(model, int(self.params["proj_dim"]))
+
+    def make_loss(self, ctx: ClientContext, payload: dict):
+        from fedray.models import ProjectedModel
+
+        if self.params["projection"] and not isinstance(ctx.model, ProjectedModel):
+            raise RuntimeError("moon: projection: true trains the model returned by MOON.adapt_model (the configured "
+                               f"model with a projection head); this client got a plain {type(ctx.model).__name__}")
         mu, tau = float(self.params["mu"]), float(self.params["tau"])
         glob = self.frozen_model(ctx, "global", ctx.global_weights)
         prev = None
@@ -117,7 +161,10 @@ class MOON(_FrozenCopies, FedAvg):
                 zp = prev.embed(x) if prev is not None else zg
             return F.cross_entropy(logits, y) + mu * model_contrastive_loss(feats["embedding"], zg, zp, T=tau)
 
-        loss = local_sgd(ctx, loss_fn)
+        return loss_fn
+
+    def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
+        loss = local_sgd(ctx, self.make_loss(ctx, payload))
         w = ctx.flat.read()
         return ClientUpdate(weights=w, num_samples=ctx.num_samples, loss=loss, state={"prev": w})
 
@@ -302,15 +349,19 @@ class FedProc(FedAvg):
     ``L = α_r·L_proto + (1-α_r)·CE``, ``L_proto = mean_i -log( e^{cos(f_i,p_{y_i})/τ} / Σ_c e^{cos(f_i,p_c)/τ} )``
     over the global prototypes p_c (samples whose class has none count 0; τ = 1 as in the reference),
     ``α_r = 1 - (r-1)/(R-1)`` decaying linearly from 1 in round 1 to 0 in the last round R.
-    Prototypes: after local training each client embeds its data (``embedding`` tap, eval mode, no
-    augmentation) and sends the per-class means (extras); the coordinator averages them per class over the
+    f is the feature tap ``tap`` resolved like FedCCL/FedProto/FPL (:func:`~fedray.algorithms.prototypes.resolve_signal_tap`):
+    ``auto`` (default) is the trainable head's hidden layer (``head_hidden``) when the model is a frozen
+    backbone + MLP head, else ``embedding``; ``tap: embedding`` keeps the old choice, whose contrast has no
+    gradient when the backbone is frozen.
+    Prototypes: after local training each client embeds its data (that tap, eval mode, no augmentation)
+    and sends the per-class means (extras); the coordinator averages them per class over the
     round's clients (unweighted) and broadcasts them next round. In a round without prototypes (round 1)
     the loss is plain CE — a documented deviation from the reference, whose round-0 loss is exactly 0.
     """
 
     name = "fedproc"
     params_spec = {"tau": ParamSpec(1.0, "tau: temperature of the prototype contrast", float, gt=0),
-                   "weighting": WEIGHTING}
+                   "tap": SIGNAL_TAP, "weighting": WEIGHTING}
     description = "FedProc: prototype contrast with global class prototypes, annealed against CE"
 
     def _alpha(self, rnd: int) -> float:
@@ -337,49 +388,24 @@ class FedProc(FedAvg):
 
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
         tau = float(self.params["tau"])
+        tap = resolve_signal_tap(ctx.model, self.params["tap"])
         if "prototypes" in payload:
             protos = torch.from_numpy(np.array(payload["prototypes"], dtype=np.float32)).to(ctx.device)
             classes = torch.from_numpy(np.array(payload["proto_classes"], dtype=np.int64)).to(ctx.device)
             alpha = float(payload["proc_alpha"])
 
             def loss_fn(model, x, y):
-                logits, feats = model.forward_features(x, ["embedding"])
-                con = prototype_contrast_loss(feats["embedding"], y, protos, classes, tau=tau)
+                logits, feats = logits_and_features(model, x, tap)
+                con = prototype_contrast_loss(feats, y, protos, classes, tau=tau)
                 return alpha * con + (1.0 - alpha) * F.cross_entropy(logits, y)
         else:
             def loss_fn(model, x, y):
                 return F.cross_entropy(model(x), y)
 
         loss = local_sgd(ctx, loss_fn)
-        protos_local, classes_local = _class_means(ctx)
+        protos_local, classes_local = class_means(*embed_client(ctx, tap))
         return ClientUpdate(weights=ctx.flat.read(), num_samples=ctx.num_samples, loss=loss,
                             extras={"protos": protos_local, "proto_classes": classes_local})
-
-
-@torch.no_grad()
-def _class_means(ctx: ClientContext) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class mean ``embedding`` of the client's data under the trained model (eval mode, in order)."""
-    from fedray.data.loader import to_float
-
-    model = ctx.model
-    model.eval()
-    bs = max(int(ctx.train.batch_size), 64)
-    sums = None
-    counts = np.zeros(int(ctx.num_classes), dtype=np.int64)
-    for i in range(0, ctx.num_samples, bs):
-        xb = to_float(torch.from_numpy(np.array(ctx.images[i : i + bs])), ctx.meta, ctx.normalize).to(ctx.device)
-        yb = np.asarray(ctx.labels[i : i + bs], dtype=np.int64)
-        emb = model.embed(xb).to("cpu", torch.float64).numpy()
-        if sums is None:
-            sums = np.zeros((int(ctx.num_classes), emb.shape[1]), dtype=np.float64)
-        np.add.at(sums, yb, emb)
-        counts += np.bincount(yb, minlength=int(ctx.num_classes))
-    model.train()
-    present = np.flatnonzero(counts)
-    if sums is None or present.size == 0:
-        return np.zeros((0, getattr(model, "embedding_dim", 0)), dtype=np.float32), np.zeros(0, dtype=np.int64)
-    means = sums[present] / counts[present, None]
-    return means.astype(np.float32), present.astype(np.int64)
 
 
 # ------------------------------------------------------------------------------------------------ FedDyn

@@ -27,14 +27,18 @@ class FedAvg(Algorithm):
 
 @register
 class FedProx(FedAvg):
-    """Li et al. 2020: local loss CE + mu/2 * ||theta - theta_global||^2 (METHODS.md: mu = 1e-3).
+    """Li et al. 2020 (Eq. 2): local loss CE + mu/2 * ||theta - theta_global||^2, mu = 2e-3 (METHODS.md §1).
+
+    The FedRCL lab code (the code FedRCL's tables ran) adds 1e-3 * ||theta - theta_global||^2 with no 1/2, so
+    fedray's mu/2 form needs mu = 2e-3 for the same pull; set ``mu: 0.001`` for the older, half-strength default.
 
     The proximal term is the engine's shared one (:func:`fedray.algorithms.base.broadcast_proximal_term`,
     set through :meth:`client_hints`), so it composes with FedACG's client term (the weights add up)."""
 
     name = "fedprox"
     supports_multi_client = True  # cross-entropy + proximal term (fedray.engine.client.grouped)
-    params_spec = {"mu": ParamSpec(1e-3, "weight of the proximal term mu/2 ||w - w_global||^2", float, ge=0),
+    params_spec = {"mu": ParamSpec(2e-3, "weight of the proximal term mu/2 ||w - w_global||^2 (2e-3 = the lab code's "
+                                     "1e-3 ||w - w_global||^2)", float, ge=0),
                    **FedAvg.params_spec}
     description = "FedAvg with a proximal term mu/2 ||w - w_global||^2"
 

@@ -113,6 +113,22 @@ class FedSCL(FedRCL):
         super().validate()
 
 
+def view_augmenter(spec):
+    """The augmentation drawing two views (``algorithm.params.view_augment``, ``train.augment`` form); it must
+    enable at least one op, since two identical views make a two-view contrast trivial."""
+    from fedray.data.loader import Augment
+    from fedray.data.table import DataError
+
+    try:
+        aug = Augment.from_spec(spec)
+    except DataError as e:
+        raise ConfigError(f"algorithm.params.view_augment: {e}") from None
+    if not aug.enabled:
+        raise ConfigError("algorithm.params.view_augment: must enable at least one of crop, flip, rotate "
+                          f"(two identical views make the two-view contrast trivial), got {spec!r}")
+    return aug
+
+
 @register
 class FedCL(FedAvg):
     r"""FedCL: cross-entropy plus a self-supervised InfoNCE loss on two augmented views, at every level.
@@ -142,19 +158,9 @@ class FedCL(FedAvg):
     description = "FedCL: CE + multi-level self-supervised InfoNCE between two augmented views"
 
     def validate(self):
-        from fedray.data.loader import Augment
-        from fedray.data.table import DataError
-
         super().validate()
         self.params["levels"] = normalize_levels(self.params["levels"])
-        try:
-            aug = Augment.from_spec(self.params["view_augment"])
-        except DataError as e:
-            raise ConfigError(f"algorithm.params.view_augment: {e}") from None
-        if not aug.enabled:
-            raise ConfigError("algorithm.params.view_augment: must enable at least one of crop, flip, rotate "
-                              f"(two identical views make the InfoNCE loss trivial), got {self.params['view_augment']!r}")
-        self._views = aug
+        self._views = view_augmenter(self.params["view_augment"])
 
     def make_loss(self, ctx: ClientContext, payload: dict):
         taps = level_taps(ctx.model, self.params["levels"])

@@ -22,12 +22,17 @@ Notation: f(x) the model's feature tap (``embedding`` by default: the vector the
   client embeds its data in eval mode and sends one prototype per class; the coordinator keeps every
   client's latest prototypes, fills each client's missing classes with the global average prototype
   p̄_c = mean_k p_c^k, and sends all sets back. Local loss, summed over the prototype sets s
-  (``set_reduction: sum`` as the reference; ``mean`` divides by their number):
-  ``ce_weight·CE + Σ_s (1/B)Σ_i [ −(1/n_{y_i}) Σ_{j: y_j=y_i} log( e^{cos(p^s_{y_i}, f_j)/τ} / Σ_k e^{cos(p^s_{y_i}, f_k)/τ} ) ]``,
-  τ = 0.07: a supervised contrastive loss whose anchors are the prototypes and whose contrast set is the
-  batch. With one view per image every batch sample is a contrast candidate (the reference masks the
-  anchor row's own entry of its two-view batch, which has no counterpart when the anchor is a
-  prototype). ``ce_weight`` defaults to 1: the FedCCL paper evaluates FedPCL "with model parameter
+  (``set_reduction: sum`` as the reference; ``mean`` divides by their number), τ = 0.07:
+
+  - ``views: 2`` (default; the released code's ``ConLoss``, the paper's Eq. 5-6 in its code form): every
+    batch is augmented twice with ``view_augment`` (2B rows r, row r of class y_r), features are
+    L2-normalised (the reference head normalises them) and the client prototypes are the raw class means of
+    those normalised features. Row r's anchor is the raw prototype p^s_{y_r}; with logits
+    ``l_rk = p^s_{y_r}·f_k / τ`` (dot products) over the 2B rows, the row's own column masked:
+    ``L^s = (1/2B) Σ_r −(1/|P(r)|) Σ_{k∈P(r)} [ l_rk − log Σ_{k'≠r} e^{l_rk'} ]``, P(r) = {k ≠ r: y_k = y_r}
+    (never empty: the other view); ``ce_weight·CE`` on both views.
+  - ``views: 1`` (option, the older one-view form): cosine similarities, one view, no mask:
+    ``ce_weight·CE + Σ_s (1/B)Σ_i [ −(1/n_{y_i}) Σ_{j: y_j=y_i} log( e^{cos(p^s_{y_i}, f_j)/τ} / Σ_k e^{cos(p^s_{y_i}, f_k)/τ} ) ]``. ``ce_weight`` defaults to 1: the FedCCL paper evaluates FedPCL "with model parameter
   averaging" through the classifier, which must then be trained; the reference's prototype-only
   objective is ``ce_weight: 0``.
 
@@ -195,14 +200,17 @@ class LastEpochPrototypes:
     """Accumulates per-class feature sums over the last local epoch (RethinkFL's on-the-fly prototypes).
 
     ``local_sgd`` visits ``ceil(n / bs)`` batches per epoch (``floor`` with ``drop_last``); the batches of
-    the last epoch are the last ``per_epoch`` calls.
+    the last epoch are the last ``per_epoch`` calls (with ``train.local_steps = T``: the last
+    ``min(T, per_epoch)`` steps, one epoch's worth).
     """
 
     def __init__(self, ctx: ClientContext, num_classes: int):
         t = ctx.train
         n, bs = ctx.num_samples, int(t.batch_size)
         per_epoch = n // bs if t.drop_last else -(-n // bs)
-        self.first_batch = (int(t.local_epochs) - 1) * per_epoch
+        steps = getattr(t, "local_steps", None)
+        total = int(t.local_epochs) * per_epoch if steps is None else int(steps)
+        self.first_batch = max(0, total - per_epoch)
         self.calls = 0
         self.sums: torch.Tensor | None = None
         self.counts = torch.zeros(num_classes, dtype=torch.float64)
@@ -364,6 +372,37 @@ def prototype_anchor_contrast(features: torch.Tensor, labels: torch.Tensor, prot
     return per_set.sum() if reduction == "sum" else per_set.mean()
 
 
+def prototype_two_view_contrast(features: torch.Tensor, labels: torch.Tensor, proto_sets: torch.Tensor,
+                                proto_classes: torch.Tensor, tau: float = 0.07, reduction: str = "sum") -> torch.Tensor:
+    r"""FedPCL's released two-view loss (module docstring, ``views: 2``), vectorised over prototype sets.
+
+    ``features`` (2B, D): view 1 of the B samples then view 2 (already normalised by the caller),
+    ``labels`` (B,). Row r's anchor is the raw prototype of its class in set s; logits are dot products / τ
+    against all 2B rows with the row's own entry masked; positives are the other rows of its class. Rows
+    whose class has no prototype count 0. ``Σ_s`` (``"sum"``) or the mean over sets (``"mean"``)."""
+    if features.dim() != 2 or features.shape[0] == 0 or features.shape[0] != 2 * labels.shape[0]:
+        raise ValueError(f"features must be (2B, D) for {labels.shape[0]} labels, got {tuple(features.shape)}")
+    if proto_sets.dim() != 3 or proto_sets.shape[2] != features.shape[1]:
+        raise ValueError(f"proto_sets must be (S, K, {features.shape[1]}), got shape {tuple(proto_sets.shape)}")
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    if proto_sets.shape[0] == 0 or proto_sets.shape[1] == 0:
+        return features.sum() * 0.0
+    f = features.float()
+    y = torch.cat([labels, labels])
+    n = y.shape[0]
+    slot = (y[:, None] == proto_classes[None, :])  # (2B, K)
+    has = slot.any(dim=1)
+    anchors = proto_sets.detach().to(f.dtype)[:, slot.float().argmax(dim=1)]  # (S, 2B, D)
+    logits = torch.einsum("srd,kd->srk", anchors, f) / tau  # (S, 2B, 2B)
+    eye = torch.eye(n, dtype=torch.bool, device=f.device)
+    log_den = torch.logsumexp(logits.masked_fill(eye, float("-inf")), dim=2, keepdim=True)
+    pos = ((y[:, None] == y[None, :]) & ~eye).to(f.dtype)  # (2B, 2B)
+    per_row = -((logits - log_den) * pos).sum(dim=2) / pos.sum(dim=1).clamp(min=1)  # (S, 2B)
+    per_set = (per_row * has.to(f.dtype)).sum(dim=1) / n
+    return per_set.sum() if reduction == "sum" else per_set.mean()
+
+
 @register
 class FedPCL(SignalAccounting, Algorithm):
     """FedPCL with model averaging (module docstring): ``ce_weight·CE + prototype-anchored contrast`` over every
@@ -378,7 +417,16 @@ class FedPCL(SignalAccounting, Algorithm):
                          "else embedding)", str),
         "set_reduction": ParamSpec("sum", "'sum' (the reference) or 'mean' of the loss over the prototype sets",
                                    str, choices=("sum", "mean")),
+        "views": ParamSpec(2, "2: the released code's two-view contrast (normalised features, raw prototypes, dot "
+                           "products, self-masked); 1: one view, cosine similarities", int, choices=(1, 2)),
+        "view_augment": ParamSpec(["rotate", "crop", "flip"], "augmentations drawing the two views (train.augment "
+                                  "form; at least one; views: 2 only)"),
     }
+
+    def validate(self):
+        from fedray.algorithms.fedrcl import view_augmenter
+
+        self._views = view_augmenter(self.params["view_augment"]) if self.params["views"] == 2 else None
     description = "FedPCL: prototype-anchored contrast over all clients' prototypes (frozen-backbone head training)"
 
     def init_state(self, weights):
@@ -415,16 +463,29 @@ class FedPCL(SignalAccounting, Algorithm):
             sets = as_tensor(payload["proto_sets"], ctx.device)
             pcls = as_tensor(payload["proto_classes"], ctx.device)
         w_ce, tau, red = float(self.params["ce_weight"]), float(self.params["tau"]), self.params["set_reduction"]
+        views = self._views
+        gen = ctx.torch_generator("algorithm") if views is not None else None
 
-        def loss_fn(model, x, y):
+        def one_view(model, x, y):
             logits, feats = logits_and_features(model, x, tap)
             loss = w_ce * F.cross_entropy(logits, y)
             if active:
                 loss = loss + prototype_anchor_contrast(feats, y, sets, pcls, tau=tau, reduction=red)
             return loss
 
-        loss = local_sgd(ctx, loss_fn)
+        def two_views(model, x, y):
+            v = torch.cat([views(x, gen), views(x, gen)], dim=0)
+            logits, feats = logits_and_features(model, v, tap)
+            loss = w_ce * F.cross_entropy(logits, torch.cat([y, y], dim=0))
+            if active:
+                loss = loss + prototype_two_view_contrast(F.normalize(feats, dim=1), y, sets, pcls, tau=tau,
+                                                          reduction=red)
+            return loss
+
+        loss = local_sgd(ctx, one_view if views is None else two_views)
         feats, labels = embed_client(ctx, tap)
+        if views is not None:  # the two-view form's prototypes: raw means of the normalised features
+            feats = F.normalize(torch.from_numpy(feats), dim=1).numpy()
         protos, classes = class_means(feats, labels)
         return ClientUpdate(weights=ctx.flat.read(), num_samples=ctx.num_samples, loss=loss,
                             extras={"protos": protos, "proto_classes": classes})

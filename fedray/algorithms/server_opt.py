@@ -100,13 +100,16 @@ class FedACG(ServerOptimizer):
 
     Broadcast ``w_hat = w + lam * m``; clients train from ``w_hat`` with a proximal term
     ``beta/2 ||theta - w_hat||^2``; then ``m = lam*m + (avg - w_hat)`` ... in the paper's form
-    ``Delta = avg - w_hat``, ``m' = lam * m + Delta`` and ``w' = w_hat + Delta`` (server lr 1)."""
+    ``Delta = avg - w_hat``, ``m' = lam * m + Delta`` and ``w' = w_hat + Delta`` (server lr 1).
+    beta = 2e-3: the FedACG code adds 1e-3 * ||theta - w_hat||^2 with no 1/2 (METHODS.md §1); ``beta: 0.001``
+    gives the older, half-strength pull."""
 
     name = "fedacg"
-    description = "FedACG: look-ahead broadcast w + lam*m and a client proximal term (lam 0.85, beta 1e-3)"
+    description = "FedACG: look-ahead broadcast w + lam*m and a client proximal term (lam 0.85, beta 2e-3)"
     params_spec = {
         "lam": ParamSpec(0.85, "lambda: momentum decay and look-ahead step w_hat = w + lambda*m", float, ge=0, lt=1),
-        "beta": ParamSpec(1e-3, "beta: weight of the clients' proximal term beta/2 ||theta - w_hat||^2", float, ge=0),
+        "beta": ParamSpec(2e-3, "beta: weight of the clients' proximal term beta/2 ||theta - w_hat||^2 (2e-3 = "
+                          "the reference's 1e-3 ||theta - w_hat||^2)", float, ge=0),
     }
 
     def broadcast_weights(self, w):

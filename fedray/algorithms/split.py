@@ -17,7 +17,8 @@ server-side part f(w_s). The engine's split round program (:mod:`fedray.engine.p
 All methods use the client optimizer settings of ``train`` (``optimizer``, ``lr`` decayed by
 ``lr_decay`` per round, ``momentum``, ``weight_decay``, ``grad_clip``) on both sides, except that
 ``params.server_lr`` (if set) replaces ``train.lr`` for the server-side model. ``train.batch_size`` and
-``train.local_epochs`` are not used by split methods (``params.batch_size`` / ``params.local_iters`` are).
+``train.local_epochs`` are not used by split methods (``params.batch_size`` / ``params.local_iters`` are;
+``train.local_steps`` is refused).
 
 | name             | server side                                                         | client side              |
 |------------------|---------------------------------------------------------------------|--------------------------|
@@ -207,6 +208,9 @@ class SplitAlgorithm(Algorithm):
                                   "every sampled client takes part in every local iteration")
             if cfg.engine.round_deadline_s is not None:
                 raise ConfigError(f"engine.round_deadline_s: not supported by the split program ({self.name!r})")
+            if getattr(cfg.train, "local_steps", None) is not None:
+                raise ConfigError(f"train.local_steps: not used by the split program ({self.name!r}); its local "
+                                  "iterations per round are algorithm.params.local_iters")
 
     # ------------------------------------------------------------------------------------ model
     def split_point_for(self, model) -> str:
@@ -255,9 +259,11 @@ class Scala(SplitAlgorithm):
 
     Server loss ``CE(z + log P_s)`` over the concatenated batch (Eq. 14), P_s its label frequencies
     (``server_prior: batch``; ``clients`` uses the participating clients' whole local counts instead).
-    Client gradients: rows of ``d/dA mean_i CE(z_i + log P_{k(i)})`` (Eq. 15) over the concatenated batch
-    (``grad_scale: concat``, i.e. 1/sum B_j; ``client`` rescales client k's rows to a per-client mean,
-    1/B_k), evaluated at the *pre-step* server weights (the same forward as the server loss).
+    Client gradients (Eq. 8 with the client loss of Eq. 15): client k receives
+    ``G_k = d/dA_k (1/B_k) sum_{i in k} CE(z_i + log P_k)``, the gradient of *its own* loss, the mean over
+    its B_k rows (``grad_scale: client``, the default), evaluated at the *pre-step* server weights (the same
+    forward as the server loss). Option ``grad_scale: concat`` keeps the older form, the rows of the mean
+    over the concatenated batch (scale 1/sum B_j, which shrinks client k's step by B_k / sum B_j).
     ``prior: local`` (default) is client k's local label distribution, ``batch`` its current minibatch's.
     Zero frequencies: ``zero_mode: clamp`` (log of max(P, eps), eps 1e-9) or ``exclude`` (class left out
     of the softmax). With one client and ``prior: batch`` the client gradient is exact back-propagation.
@@ -274,8 +280,9 @@ class Scala(SplitAlgorithm):
                                   choices=("batch", "clients")),
         "zero_mode": ZERO_MODE_SPEC,
         "eps": EPS_SPEC,
-        "grad_scale": ParamSpec("concat", "client gradient rows: mean over the concatenated batch ('concat') or "
-                                "per-client mean ('client')", str, choices=("concat", "client")),
+        "grad_scale": ParamSpec("client", "client gradient rows: the gradient of the client's own mean loss "
+                                "(Eq. 8, 'client') or of the mean over the concatenated batch ('concat')", str,
+                                choices=("client", "concat")),
     }
 
     def server_iteration(self, srv, batch: SplitBatch) -> IterationResult:

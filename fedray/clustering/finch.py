@@ -18,7 +18,9 @@ Implements the algorithm of Sarfraz et al. (CVPR 2019) as the reference implemen
 
 Options mirroring the reference: ``initial_rank`` (user-provided first neighbours for the first level),
 ``req_clust`` (an extra partition with exactly that many clusters, obtained by repeatedly merging the closest
-pair of cluster means, starting from the coarsest partition that still has at least ``req_clust`` clusters)
+pair of cluster means, starting from the coarsest partition that still has at least ``req_clust`` clusters;
+a ``req_clust`` above the first partition's cluster count cannot be reached by merging: like the official
+code, a warning is issued and the first partition is returned)
 and ``ensure_early_exit`` (the reference's link pruning; off by default here because FPL, whose behaviour
 FedCCL reproduces, passes ``ensure_early_exit=False``).
 
@@ -38,6 +40,7 @@ function has no randomness: the same input always gives the same output.
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -368,7 +371,8 @@ def finch(
         distance: ``"cosine"`` (default, as the reference, FPL and FedCCL) or ``"euclidean"``.
         initial_rank: optional ``(N,)`` integer first neighbours for the first level (no self references).
         req_clust: optional exact number of clusters for :attr:`FinchResult.req_partition`
-            (1 <= req_clust <= clusters of the first partition).
+            (1 <= req_clust <= N); above the first partition's cluster count a ``UserWarning`` is issued and
+            :attr:`FinchResult.req_partition` is the first partition (as the official code does).
         max_partitions: optional cap on the number of partitions computed (the recursion stops early).
         ensure_early_exit: the reference's pruning: after the first level, links whose
             (link multiplicity x distance) exceeds the largest such value of the first level are removed.
@@ -400,10 +404,8 @@ def finch(
     kappa = rank if rank is not None else _first_neighbors_scored(sc)
     labels, k = _components(n, np.arange(n), kappa)
     if req is not None and req > k:
-        raise ValueError(
-            f"req_clust={req} exceeds the {k} clusters of the finest partition; "
-            "FINCH can only merge clusters, not split them"
-        )
+        warnings.warn(f"finch: req_clust={req} exceeds the {k} clusters of the first partition (FINCH can only "
+                      "merge clusters); returning the first partition as req_partition", UserWarning, stacklevel=2)
     min_sim = _max_link_weight(sc, kappa) if (ensure_early_exit and n > 2) else None
     partitions, counts = [labels], [k]
 
@@ -427,7 +429,9 @@ def finch(
 
     req_partition = None
     if req is not None:
-        if req in counts:
+        if req > counts[0]:
+            req_partition = partitions[0].copy()
+        elif req in counts:
             req_partition = partitions[counts.index(req)].copy()
         else:
             start = max(i for i, c in enumerate(counts) if c >= req)

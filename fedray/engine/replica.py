@@ -77,9 +77,10 @@ class Replica:
         self.augment = Augment.from_spec(cfg.train.augment) if cfg.train.augment else None
 
     def model_factory(self) -> torch.nn.Module:
-        """Another model of the run's architecture (e.g. MOON's copy of the global model)."""
+        """Another model of the run's architecture (e.g. MOON's copy of the global model): the configured model
+        as the algorithm adapts it (:meth:`~fedray.algorithms.base.Algorithm.adapt_model`)."""
         cfg = self.cfg
-        return model_for_meta(cfg.model.name, self.meta, **cfg.model.params)
+        return self.algorithm.adapt_model(model_for_meta(cfg.model.name, self.meta, **cfg.model.params))
 
     @classmethod
     def for_worker(cls, spec: WorkerSpec) -> Replica:

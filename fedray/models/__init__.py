@@ -9,7 +9,7 @@
 See :mod:`fedray.models.base` for the contract and :mod:`fedray.models.zoo` for the architectures.
 """
 
-from fedray.models.base import FedModel, Segment, SplitPart, pool_tap
+from fedray.models.base import FedModel, ProjectedModel, Segment, SplitPart, pool_tap
 from fedray.models.registry import MODELS, ModelSpec, build_model, list_models, model_for_meta
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "FedModel",
     "Segment",
     "SplitPart",
+    "ProjectedModel",
     "build_model",
     "model_for_meta",
     "list_models",

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Segment", "FedModel", "SplitPart", "pool_tap", "relu_post"]
+__all__ = ["Segment", "FedModel", "SplitPart", "ProjectedModel", "pool_tap", "relu_post"]
 
 
 def pool_tap(t: Tensor) -> Tensor:
@@ -92,6 +92,27 @@ class _Container(nn.Module):
         raise RuntimeError("_Container only groups submodules of a split part; it has no forward")
 
 
+def _attach(holder: nn.Module, model: nn.Module, segments: Sequence[Segment]) -> None:
+    """Register the submodules the ``segments`` use, taken from ``model``, on ``holder`` under the same dotted
+    names (nested paths through bare containers): the holder shares the model's tensors."""
+    seen: list[str] = []
+    for seg in segments:
+        for path in seg.modules:
+            if path not in seen:
+                seen.append(path)
+    for path in seen:
+        module = model.get_submodule(path)
+        *parents, leaf = path.split(".")
+        node: nn.Module = holder
+        for p in parents:
+            child = node._modules.get(p)
+            if child is None:
+                child = _Container()
+                node.add_module(p, child)
+            node = child
+        node.add_module(leaf, module)
+
+
 class SplitPart(nn.Module):
     """The client-side or server-side part of a :class:`FedModel` cut at a split point.
 
@@ -108,22 +129,7 @@ class SplitPart(nn.Module):
         self.point = point
         self.model_name = getattr(model, "model_name", type(model).__name__)
         self._segments = tuple(segments)
-        seen: list[str] = []
-        for seg in segments:
-            for path in seg.modules:
-                if path not in seen:
-                    seen.append(path)
-        for path in seen:
-            module = model.get_submodule(path)
-            *parents, leaf = path.split(".")
-            holder: nn.Module = self
-            for p in parents:
-                child = holder._modules.get(p)
-                if child is None:
-                    child = _Container()
-                    holder.add_module(p, child)
-                holder = child
-            holder.add_module(leaf, module)
+        _attach(self, model, segments)
         self.feature_taps = tuple(t for seg in segments for t in seg.taps)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -256,3 +262,49 @@ class FedModel(nn.Module):
     def segments(self) -> tuple[Segment, ...]:
         """The forward pass as an ordered tuple of :class:`Segment` (read-only)."""
         return self._segments
+
+
+# ----------------------------------------------------------------------------------------- projection head
+def _project(ns: Any, x: Tensor) -> Tensor:
+    return ns.proj_l2(F.relu(ns.proj_l1(pool_tap(x))))
+
+
+def _proj_classify(ns: Any, x: Tensor) -> Tensor:
+    return ns.proj_fc(x)
+
+
+class ProjectedModel(FedModel):
+    """A :class:`FedModel` with MOON's projection head (Li et al. 2021, the official ``ModelFedCon``):
+    the base model's layers up to its ``embedding`` h, then ``z = l2(ReLU(l1(h)))`` (``l1``: D -> D,
+    ``l2``: D -> ``proj_dim``) and a new linear classifier on z. The base classifier is dropped.
+
+    Taps: the base's taps up to its embedding, with that one renamed ``pooled``, and ``embedding`` = z (the
+    vector the classifier reads, so contrastive losses on ``embedding`` use the projection). The trunk's
+    submodules are the base model's own objects under the same names, and the head's parameters
+    (``proj_l1``, ``proj_l2``, ``proj_fc``) are ordinary parameters: all of them are in the flat weight vector
+    that is broadcast and averaged. Split points: the base's, before its embedding."""
+
+    def __init__(self, base: FedModel, proj_dim: int = 256):
+        super().__init__()
+        if not isinstance(base, FedModel):
+            raise TypeError(f"a projection head needs a FedModel, got {type(base).__name__}")
+        proj_dim = int(proj_dim)
+        if proj_dim < 1:
+            raise ValueError(f"projection dimension must be >= 1, got {proj_dim}")
+        stop = base._embed_stop
+        trunk = [Segment(s.name, s.modules, s.fn, tuple("pooled" if t == "embedding" else t for t in s.taps), s.post)
+                 for s in base.segments[:stop]]
+        _attach(self, base, trunk)
+        d = int(base.embedding_dim)
+        num_classes = int(getattr(base, "num_classes", 0) or base.classifier_head().out_features)
+        self.proj_l1 = nn.Linear(d, d)
+        self.proj_l2 = nn.Linear(d, proj_dim)
+        self.proj_fc = nn.Linear(proj_dim, num_classes)
+        segments = [*trunk, Segment("projection", ("proj_l1", "proj_l2"), _project, ("embedding",)),
+                    Segment("proj_classifier", ("proj_fc",), _proj_classify)]
+        trunk_taps = {t for s in trunk for t in s.taps}
+        points = [p for p in base.split_points if p in trunk_taps and p != "pooled"]
+        self._finish(segments, split_points=points, default_split=None, classifier="proj_fc", embedding_dim=proj_dim)
+        self.model_name = getattr(base, "model_name", type(base).__name__)
+        self.model_options = {**getattr(base, "model_options", {}), "projection_dim": proj_dim}
+        self.num_classes = num_classes

@@ -44,3 +44,83 @@ def test_broadcast_proximal_term_value():
     term = broadcast_proximal_term(ctx, params)
     assert float(term().detach()) == pytest.approx(0.5 * 0.3 * float(np.sum((w.astype(np.float64) - g) ** 2)), rel=1e-5)
     assert broadcast_proximal_term(_ctx(model, g, prox_mu=0.0), params) is None
+
+
+@pytest.mark.parametrize("kind", ["fedprox", "fedacg"])
+def test_default_proximal_pull_equals_the_lab_codes_unhalved_term(kind):
+    """The FedRCL/FedACG lab code adds 1e-3 * sum ||theta - theta_anchor||^2 (no 1/2): fedray's default mu
+    (FedProx) / beta (FedACG) in its mu/2 form gives exactly that term, value and gradient."""
+    from fedray.algorithms import build_algorithm
+    from fedray.algorithms.server_opt import build_server_optimizer
+
+    hints = (build_algorithm("fedprox", {}) if kind == "fedprox" else build_server_optimizer("fedacg", 1.0)).client_hints()
+    model = _tiny_model()
+    w = FlatParams(model).read()
+    g = (w + np.random.default_rng(3).normal(0, 0.1, w.shape)).astype(np.float32)
+    ctx = _ctx(model, g, prox_mu=hints.prox_mu)
+    ctx.flat.load(w)
+    params = [p for p in model.parameters() if p.requires_grad]
+    term = broadcast_proximal_term(ctx, params)()
+    anchors = ctx.flat.layout  # the naive lab-code term, parameter by parameter in float64
+    ref = 0.0
+    for name, p in model.named_parameters():
+        off, n = next((o, k) for nm, _, o, k in anchors.slices() if nm == name)
+        ref += 1e-3 * float(np.sum((p.detach().double().numpy().ravel() - g[off:off + n].astype(np.float64)) ** 2))
+    assert float(term.detach()) == pytest.approx(ref, rel=1e-5)
+    (grad,) = torch.autograd.grad(term, [params[0]])
+    off, n = next((o, k) for nm, _, o, k in anchors.slices() if nm == next(iter(dict(model.named_parameters()))))
+    want = 2e-3 * (params[0].detach().numpy().ravel() - g[off:off + n])
+    np.testing.assert_allclose(grad.numpy().ravel(), want, rtol=1e-4, atol=1e-9)
+
+
+def _keyed_stream(seed, rnd, cid, n, bs, steps, drop_last=False):
+    """The batches a client must train on with train.local_steps: consecutive keyed epoch permutations
+    (np.random.default_rng([seed, round, client])) cut into batches, the first `steps` of them."""
+    rng = np.random.default_rng([seed, rnd, cid])
+    stop = (n // bs) * bs if drop_last else n
+    out = []
+    while len(out) < steps:
+        perm = rng.permutation(n)
+        out += [perm[i:i + bs] for i in range(0, stop, bs)]
+    return out[:steps]
+
+
+@pytest.mark.parametrize("steps,drop_last", [(1, False), (5, False), (7, True), (3, False)])
+def test_local_steps_takes_exactly_t_steps_on_the_keyed_batches(steps, drop_last):
+    """train.local_steps = T: exactly T optimizer steps, on the first T batches of the client's keyed epoch
+    permutations (crossing epoch boundaries; 10 rows, batch 4: 3 batches an epoch, 2 with drop_last);
+    local_epochs is ignored."""
+    from fedray.algorithms.base import batch_schedule, local_sgd
+
+    model = _tiny_model()
+    g = FlatParams(model).read()
+    ctx = _ctx(model, g, labels=np.arange(10) % 3, rnd=4)
+    ctx.train = TrainConfig(batch_size=4, lr=0.05, local_epochs=9, local_steps=steps, drop_last=drop_last)
+    want = _keyed_stream(0, 4, 3, 10, 4, steps, drop_last)
+    got = list(batch_schedule(ctx))
+    assert len(got) == steps and all(np.array_equal(a, b) for a, b in zip(got, want))
+    seen = []
+
+    def loss_fn(m, x, y):
+        seen.append(y.clone())
+        return torch.nn.functional.cross_entropy(m(x), y)
+
+    local_sgd(ctx, loss_fn)
+    assert len(seen) == steps
+    for y, idx in zip(seen, want):
+        assert y.tolist() == ctx.labels[idx].tolist()
+
+
+def test_local_steps_equal_to_the_epoch_schedule_reproduces_it():
+    """T = epochs x batches per epoch gives the epoch schedule exactly (same batches, same trained weights)."""
+    from fedray.algorithms import build_algorithm
+    from fedray.algorithms.base import batch_schedule
+
+    g = FlatParams(_tiny_model()).read()
+    runs = []
+    for train in (TrainConfig(batch_size=4, lr=0.05, local_epochs=2), TrainConfig(batch_size=4, lr=0.05, local_steps=6)):
+        ctx = _ctx(_tiny_model(), g, labels=np.arange(10) % 3)
+        ctx.train = train
+        runs.append(([b.tolist() for b in batch_schedule(ctx)], build_algorithm("fedavg", {}).local_update(ctx, {})))
+    assert runs[0][0] == runs[1][0] and len(runs[0][0]) == 6
+    np.testing.assert_array_equal(runs[0][1].weights, runs[1][1].weights)

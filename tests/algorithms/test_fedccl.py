@@ -156,11 +156,12 @@ def _fake_extras(cids, dim=16, seed=0):
 
 @pytest.mark.parametrize("alg", ["fedccl", "fedccl_plus", "fedproto", "fpl", "fedpcl"])
 def test_first_round_is_plain_cross_entropy(alg):
-    """With no signal/prototype yet the update equals FedAvg's (FedCCL+ equals FedAvg+)."""
+    """With no signal/prototype yet the update equals FedAvg's (FedCCL+ equals FedAvg+; FedPCL in its one-view
+    form: the two-view default trains CE on two augmented views)."""
     labels = np.arange(48) % 5
     ref_name = "fedavg_plus" if alg == "fedccl_plus" else "fedavg"
     ref = build_algorithm(ref_name, {}).local_update(_toy_ctx(labels, rnd=1), {})
-    algo = build_algorithm(alg, {})
+    algo = build_algorithm(alg, {"views": 1} if alg == "fedpcl" else {})
     upd = algo.local_update(_toy_ctx(labels, rnd=1), algo.broadcast(1, None, algo.init_state(None)))
     assert np.array_equal(upd.weights, ref.weights) and upd.loss == ref.loss
 
@@ -272,3 +273,49 @@ def test_fedpcl_tap_must_exist():
     algo = build_algorithm("fedpcl", {"tap": "nope"})
     with pytest.raises(ConfigError, match=r"algorithm\.params\.tap"):
         algo.local_update(_toy_ctx(np.arange(16) % 2), {})
+
+
+def test_fedpcl_two_view_contrast_matches_the_released_code_equation():
+    """views: 2 (the released ConLoss): 2B rows (view 1 then view 2), row r's anchor = raw prototype of its class
+    in set s, logits = anchor . f_k / tau over all 2B rows with the row's own entry masked, positives = the other
+    rows of its class; mean over rows, summed over the sets. Naive loops in float64."""
+    import math
+
+    from fedray.algorithms.prototypes import prototype_two_view_contrast
+
+    g = torch.Generator().manual_seed(0)
+    labels = torch.tensor([0, 2, 2, 1, 0])
+    feats = torch.nn.functional.normalize(torch.randn(10, 6, generator=g), dim=1)
+    sets = torch.randn(3, 3, 6, generator=g) * 0.4  # raw (not unit) prototypes
+    classes = torch.tensor([0, 1, 2])
+    got = float(prototype_two_view_contrast(feats, labels, sets, classes, tau=0.07))
+    y = labels.tolist() * 2
+    f = feats.double().numpy()
+    ref = 0.0
+    for s in range(3):
+        total = 0.0
+        for r in range(10):
+            a = sets[s, y[r]].double().numpy()
+            logit = [float(a @ f[k]) / 0.07 for k in range(10)]
+            den = math.log(sum(math.exp(logit[k]) for k in range(10) if k != r))
+            pos = [k for k in range(10) if k != r and y[k] == y[r]]
+            total += -sum(logit[k] - den for k in pos) / len(pos)
+        ref += total / 10
+    assert got == pytest.approx(ref, rel=1e-5)
+    mean = float(prototype_two_view_contrast(feats, labels, sets, classes, tau=0.07, reduction="mean"))
+    assert mean == pytest.approx(ref / 3, rel=1e-5)
+
+
+def test_fedpcl_two_views_train_differently_from_one_view_and_send_normalised_prototypes():
+    labels = np.arange(48) % 3
+    algo = build_algorithm("fedpcl", {})
+    state = algo.init_state(None)
+    first = algo.local_update(_toy_ctx(labels, rnd=1, frozen=True), algo.broadcast(1, None, state))
+    np.testing.assert_array_less(np.linalg.norm(first.extras["protos"], axis=1), 1.0 + 1e-6)  # means of unit vectors
+    _, state = algo.after_aggregate(1, None, [{"cid": 0, "num_samples": 48, **first.extras}], state)
+    two = algo.local_update(_toy_ctx(labels, frozen=True), algo.broadcast(2, None, state))
+    one_algo = build_algorithm("fedpcl", {"views": 1})
+    one = one_algo.local_update(_toy_ctx(labels, frozen=True), algo.broadcast(2, None, state))
+    assert np.isfinite(two.loss) and not np.array_equal(two.weights, one.weights)
+    with pytest.raises(ConfigError, match="algorithm.params.view_augment"):
+        build_algorithm("fedpcl", {"view_augment": []})

@@ -250,17 +250,78 @@ def test_feddyn_client_state_update():
     np.testing.assert_allclose(upd2.state["grad"], upd.state["grad"] - 0.1 * (upd2.weights - g), rtol=1e-5, atol=1e-8)
 
 
-def test_moon_first_visit_equals_ce_and_state_is_the_trained_model():
-    """At a first visit the previous model is the global one: the contrastive term is log 2 with zero gradient,
-    so MOON's update equals FedAvg's; the stored state is the trained weights."""
-    g = FlatParams(_tiny_model()).read()
-    moon = build_algorithm("moon", {}).local_update(_ctx(_tiny_model(), g), {})
-    avg = build_algorithm("fedavg", {}).local_update(_ctx(_tiny_model(), g), {})
+@pytest.mark.parametrize("projection", [True, False])
+def test_moon_first_visit_equals_ce_and_state_is_the_trained_model(projection):
+    """At a client's first visit the previous model is the global one: the contrastive term is the constant log 2,
+    so MOON's update equals FedAvg's (on the same, projected or plain, model); the stored state is the trained
+    weights."""
+    algo = build_algorithm("moon", {"projection": projection, "proj_dim": 6})
+
+    def model():
+        return algo.adapt_model(_tiny_model())
+
+    def ctx(**kw):
+        c = _ctx(model(), g, **kw)
+        c.model_factory = model
+        return c
+
+    g = FlatParams(model()).read()
+    moon = algo.local_update(ctx(), {})
+    avg = build_algorithm("fedavg", {}).local_update(ctx(), {})
     np.testing.assert_allclose(moon.weights, avg.weights, rtol=0, atol=1e-6)
     assert moon.loss == pytest.approx(avg.loss + np.log(2), rel=1e-4)
     np.testing.assert_array_equal(moon.state["prev"], moon.weights)
-    second = build_algorithm("moon", {}).local_update(_ctx(_tiny_model(), g, state=moon.state), {})
+    second = build_algorithm("moon", {"projection": projection, "proj_dim": 6}).local_update(
+        ctx(state=moon.state), {})
     assert not np.allclose(second.weights, avg.weights, atol=1e-6)
+
+
+def test_moon_projection_head_matches_the_official_model_and_loss():
+    """projection: true (the official ModelFedCon): h = the base model's pooled feature, z = l2(relu(l1(h))),
+    logits = fc(z); L = CE(logits, y) + mu * mean_i -log(e^{cos(z,zg)/tau} / (e^{cos(z,zg)/tau} + e^{cos(z,zp)/tau})).
+    The head (and not the base classifier) is in the averaged flat vector; a plain model is refused."""
+    import torch.nn.functional as F
+
+    algo = build_algorithm("moon", {"proj_dim": 6})
+    names = [n for n, _, _, _ in FlatParams(algo.adapt_model(_tiny_model())).layout.slices()]
+    assert {"proj_l1.weight", "proj_l2.bias", "proj_fc.weight"} <= set(names)
+    assert not any(n.startswith(_tiny_model()._classifier_path + ".") for n in names)
+
+    def model(seed):
+        torch.manual_seed(seed)
+        base = _tiny_model()
+        for p in base.parameters():
+            p.data.add_(torch.randn(p.shape) * 0.05)
+        return algo.adapt_model(base)
+
+    local, glob, prev = model(1), model(2), model(3)
+    w_g, w_p = FlatParams(glob).read(), FlatParams(prev).read()
+    ctx = _ctx(local, w_g, state={"prev": w_p})
+    ctx.flat.load(FlatParams(model(1)).read())
+    ctx.model_factory = lambda: algo.adapt_model(_tiny_model())
+    x = torch.randn(5, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 1, 0])
+    got = float(algo.make_loss(ctx, {})(local, x, y).detach())
+
+    def official(m):  # h -> l1 -> relu -> l2 (= the projection) -> fc
+        h = m.forward_features(x, ["pooled"])[1]["pooled"].flatten(1)
+        z = m.proj_l2(F.relu(m.proj_l1(h)))
+        return z, m.proj_fc(z)
+
+    with torch.no_grad():
+        z, logits = official(local)
+        zg, _ = official(glob)
+        zp, _ = official(prev)
+        con = []
+        for i in range(5):
+            pos = torch.exp(F.cosine_similarity(z[i], zg[i], dim=0) / 0.5)
+            neg = torch.exp(F.cosine_similarity(z[i], zp[i], dim=0) / 0.5)
+            con.append(-torch.log(pos / (pos + neg)))
+        ref = float(F.cross_entropy(logits, y) + 1.0 * torch.stack(con).mean())
+    assert got == pytest.approx(ref, rel=1e-5)
+    torch.testing.assert_close(local(x), logits)
+    with pytest.raises(RuntimeError, match="projection: true"):
+        algo.make_loss(_ctx(_tiny_model(), FlatParams(_tiny_model()).read()), {})
 
 
 def test_fedproc_prototypes_are_per_class_means_of_client_means():
@@ -278,6 +339,73 @@ def test_fedproc_prototypes_are_per_class_means_of_client_means():
     # a client's extras: class means of its embeddings under the trained model
     upd = algo.local_update(_ctx(_tiny_model(), FlatParams(_tiny_model()).read()), payload | {"prototypes": np.zeros((2, 8), np.float32)})
     assert list(upd.extras["proto_classes"]) == [0, 1, 2] and upd.extras["protos"].shape == (3, 8)
+
+
+def _frozen_head_model():
+    from fedray.models import build_model
+
+    torch.manual_seed(0)
+    return build_model("cnn_backbone_mlp", in_channels=1, image_size=28, num_classes=10, backbone="cnn4",
+                       backbone_options={"channels": [4, 8], "embed_dim": 16}, hidden=12, freeze_backbone=True)
+
+
+def test_fedproc_with_a_frozen_backbone_contrasts_the_trainable_head():
+    """tap: auto resolves to the head's hidden layer (12-d) when the backbone is frozen, so the prototype contrast
+    changes the trained head; on the frozen 16-d embedding (tap: embedding, the old choice) it has no gradient and
+    the update equals the alpha-weighted CE alone."""
+    cfg = from_dict(small_config(Path("/x"), Path("/x"), train__rounds=11))
+    g = FlatParams(_frozen_head_model()).read()
+    labels = np.arange(12) % 3
+
+    def update(params, protos):
+        algo = build_algorithm("fedproc", params, cfg)
+        payload = {"prototypes": protos, "proto_classes": np.array([0, 1, 2]), "proc_alpha": 0.9}
+        ctx = _ctx(_frozen_head_model(), g, labels=labels, rnd=2)
+        ctx.model_factory = _frozen_head_model
+        return algo.local_update(ctx, payload)
+
+    rng = np.random.default_rng(1)
+    auto_a = update({}, rng.normal(size=(3, 12)).astype(np.float32))
+    auto_b = update({}, rng.normal(size=(3, 12)).astype(np.float32))
+    assert auto_a.extras["protos"].shape == (3, 12)
+    assert not np.array_equal(auto_a.weights, auto_b.weights)  # the contrast term moves the head
+    emb_a = update({"tap": "embedding"}, rng.normal(size=(3, 16)).astype(np.float32))
+    emb_b = update({"tap": "embedding"}, rng.normal(size=(3, 16)).astype(np.float32))
+    assert emb_a.extras["protos"].shape == (3, 16)
+    np.testing.assert_array_equal(emb_a.weights, emb_b.weights)  # no gradient through the frozen embedding
+
+
+@pytest.mark.parametrize("reduce", ["mean", "sum"])
+def test_fitnet_hint_matches_a_naive_reference(reduce):
+    """L = CE + lam * mean over levels of the hint between the local and the frozen global model's un-pooled maps
+    at every tap but 'embedding': 'mean' = mean over feature elements of the squared difference (default),
+    'sum' = per-sample half sum of squares, batch mean. Reference: float64 loops over levels and samples."""
+    import torch.nn.functional as F
+
+    g = FlatParams(_tiny_model()).read()
+    w = (g + np.random.default_rng(4).normal(0, 0.05, g.shape)).astype(np.float32)
+    model = _tiny_model()
+    ctx = _ctx(model, g)
+    ctx.flat.load(w)
+    loss_fn = build_algorithm("fitnet", {} if reduce == "mean" else {"reduce": "sum"}).make_loss(ctx, {})
+    x = torch.randn(5, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 1, 0])
+    got = float(loss_fn(model, x, y).detach())
+
+    glob = _tiny_model()
+    FlatParams(glob).load(g)
+    taps = [t for t in model.feature_taps if t != "embedding"]
+    logits, fl = model.forward_features(x, taps)
+    _, fg = glob.forward_features(x, taps)
+    hints = []
+    for t in taps:
+        a, b = fl[t].detach().double().numpy(), fg[t].detach().double().numpy()
+        if reduce == "mean":
+            hints.append(np.mean((a - b) ** 2))
+        else:
+            hints.append(np.mean([0.5 * np.sum((a[i] - b[i]) ** 2) for i in range(a.shape[0])]))
+    ref = float(F.cross_entropy(logits.detach().double(), y)) + 1e-3 * float(np.mean(hints))
+    assert got == pytest.approx(ref, rel=1e-5)
 
 
 def test_fedmlb_cuts_feed_the_server_parts():

@@ -25,28 +25,29 @@ _FEDCCL = {"tau": 0.07, "w_local": 1.0, "w_global": 1.0, "signals": "both", "loc
 # the `defaults` dicts of the classes before params_spec, written out (values, key order)
 ALGORITHM_DEFAULTS = {
     "fedavg": {**_W},
-    "fedprox": {"mu": 1e-3, **_W},
+    "fedprox": {"mu": 2e-3, **_W},
     "fedrcl": {"lam": 0.7, "beta": 1.0, "tau": 0.05, "variant": "reference", "levels": "all", **_W},
     "fedscl": {"tau": 0.05, "variant": "reference", "levels": "all", **_W},
     "fedcl": {"tau": 0.05, "weight": 1.0, "levels": "all", "view_augment": ["rotate", "crop", "flip"], **_W},
-    "fitnet": {"lam": 1e-3, "levels": "all", **_W},
-    "moon": {"mu": 1.0, "tau": 0.5, **_W},
+    "fitnet": {"lam": 1e-3, "levels": "all", "reduce": "mean", **_W},
+    "moon": {"mu": 1.0, "tau": 0.5, "projection": True, "proj_dim": 256, **_W},
     "fedlc": {"tau": 1.0, **_W},
     "fedla": {"tau": 1.0, **_W},
     "fedntd": {"beta": 0.3, "tau": 1.0, **_W},
     "feddecorr": {"beta": 0.01, **_W},
     "fedmlb": {"lam1": 1.0, "lam2": 1.0, "tau": 1.0, **_W},
-    "fedproc": {"tau": 1.0, **_W},
+    "fedproc": {"tau": 1.0, "tap": "auto", **_W},
     "feddyn": {"alpha": 0.1},
     "fedproto": {"mu": 1.0, "tap": "auto"},
     "fpl": {"tau": 0.02, "tap": "auto"},
-    "fedpcl": {"tau": 0.07, "ce_weight": 1.0, "tap": "auto", "set_reduction": "sum"},
+    "fedpcl": {"tau": 0.07, "ce_weight": 1.0, "tap": "auto", "set_reduction": "sum", "views": 2,
+               "view_augment": ["rotate", "crop", "flip"]},
     "fedccl": _FEDCCL,
     "fedccl_plus": {**_FEDCCL, **_ADV},
     "fedavg_plus": {**_W, **_ADV},
     "fedlogit": {"prior": "local", "zero_mode": "clamp", "eps": 1e-9, **_W},
     "scala": {**_SPLIT, "prior": "local", "server_prior": "batch", "zero_mode": "clamp", "eps": 1e-9,
-              "grad_scale": "concat"},
+              "grad_scale": "client"},
     "splitfed_v1": _SPLIT,
     "splitfed_v2": {**_SPLIT, "order": "client"},
     "splitfed_v3": _SPLIT,
@@ -56,7 +57,7 @@ SERVER_DEFAULTS = {
     "none": {},
     "fedavgm": {"momentum": 0.4},
     "fedadam": {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3},
-    "fedacg": {"lam": 0.85, "beta": 1e-3},
+    "fedacg": {"lam": 0.85, "beta": 2e-3},
 }
 
 
@@ -107,11 +108,11 @@ def test_spec_defaults_are_the_former_defaults(kind, name):
 
 
 def test_literal_defaults_of_a_few():
-    assert build_algorithm("fedprox", {}).params["mu"] == 1e-3
+    assert build_algorithm("fedprox", {}).params["mu"] == 2e-3
     assert build_server_optimizer("fedadam", 0.01).params == {"beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
     scala = build_algorithm("scala", {})
     assert (scala.params["batch_size"], scala.params["local_iters"], scala.params["eps"]) == (320, 5, 1e-9)
-    assert build_server_optimizer("fedacg").client_hints().prox_mu == 1e-3
+    assert build_server_optimizer("fedacg").client_hints().prox_mu == 2e-3
 
 
 @pytest.mark.parametrize("kind, name", ENTRIES)
@@ -179,7 +180,7 @@ def test_datasets_lists_parameters_with_default_rule_and_doc(capsys):
     for name, cls in [*ALGORITHMS.items(), *SERVER_OPTIMIZERS.items()]:
         for k, spec in cls.params_spec.items():
             assert re.search(rf"^\s+{k}\s+= .*{re.escape(spec.doc)}$", out, re.M), (name, k)
-    assert re.search(r"^\s+mu\s+= 0\.001  \(a number >= 0\)  ", out, re.M)
+    assert re.search(r"^\s+mu\s+= 0\.002  \(a number >= 0\)  ", out, re.M)  # fedprox
     assert re.search(r"^\s+tau\s+= 0\.001  \(a number > 0\)  ", out, re.M)  # fedadam
     assert re.search(r"^\s+beta1 = 0\.9  \(a number in \[0, 1\)\)  ", out, re.M)
     assert re.search(r"^\s+split_point\s+= null  \(a string or null\)  ", out, re.M)

@@ -437,11 +437,17 @@ def test_bad_arguments_name_the_argument(kwargs, name):
         finch(X, **kwargs)
 
 
-def test_req_clust_above_finest_partition_is_rejected():
+def test_req_clust_above_the_first_partition_warns_and_returns_it():
+    """As the official code: a req_clust FINCH cannot reach by merging gives a warning and the first partition."""
     X = np.random.default_rng(1).standard_normal((50, 3))
-    k0 = finch(X).num_clusters[0]
-    with pytest.raises(ValueError, match="req_clust"):
-        finch(X, req_clust=k0 + 1)
+    plain = finch(X)
+    k0 = plain.num_clusters[0]
+    with pytest.warns(UserWarning, match=rf"req_clust={k0 + 1} exceeds the {k0} clusters of the first partition"):
+        res = finch(X, req_clust=k0 + 1)
+    np.testing.assert_array_equal(res.chosen("req"), plain.partitions[0])
+    assert [p.tolist() for p in res.partitions] == [p.tolist() for p in plain.partitions]
+    with pytest.warns(UserWarning, match="req_clust=2 exceeds the 1 clusters"):  # two points: one cluster
+        assert finch(np.array([[1.0, 0.0], [0.9, 0.1]]), req_clust=2).chosen("req").tolist() == [0, 0]
 
 
 def test_cluster_means_validates_labels():

@@ -545,3 +545,67 @@ def test_arrow_save_to_disk_layout_with_string_labels(tmp_path):
     assert set(b.meta.classes) <= {"x", "y", "z"} and list(b.meta.classes) == sorted(b.meta.classes)
     with pytest.raises(DataError, match="image_size resizes encoded images only"):
         load_source("parquet", str(tmp_path), image_column="img", image_size=8)
+
+
+def test_digit5_dassl_layout_labels_from_file_names(tmp_path):
+    """Dassl.pytorch's Digit-5 tree: <domain>/train_images/<n>_<label>.jpg and test_images/; labels come from the
+    file names and its split is kept (not two classes named train_images / test_images)."""
+    rng = _rng(11)
+    for i, lab in enumerate([3, 0, 3, 7, 0]):
+        _img(tmp_path / "mnist" / "train_images" / f"{i:05d}_{lab}.jpg", rng, (28, 28))
+    for i, lab in enumerate([7, 3]):
+        _img(tmp_path / "mnist" / "test_images" / f"{i:05d}_{lab}.jpg", rng, (28, 28))
+    for c, n in (("0", 2), ("7", 3)):  # a second domain in the class-folder layout
+        for i in range(n):
+            _img(tmp_path / "svhn" / c / f"{i}.png", rng, (32, 32))
+    b = load_source("digit5", str(tmp_path), cache=False)
+    assert b.meta.classes == ("0", "3", "7") and b.meta.domains == ("mnist", "svhn")
+    m_tr, m_te = b.train.domains == 0, b.test.domains == 0
+    assert sorted(b.train.labels[m_tr].tolist()) == [0, 0, 1, 1, 2]  # labels 3,0,3,7,0 -> indices of ('0','3','7')
+    assert sorted(b.test.labels[m_te].tolist()) == [1, 2]  # the test_images split, untouched
+    assert sorted(np.concatenate([b.train.labels[~m_tr], b.test.labels[~m_te]]).tolist()) == [0, 0, 2, 2, 2]
+    only = load_source("digit5", str(tmp_path), domains=["mnist"], classes=["7", "3"], cache=False)
+    assert only.meta.classes == ("7", "3") and sorted(only.train.labels.tolist()) == [0, 1, 1]
+
+
+@pytest.mark.parametrize("bad", ["no_test", "bad_name", "loose_images", "empty"])
+def test_digit5_other_layouts_are_refused_showing_both_trees(tmp_path, bad):
+    rng = _rng(12)
+    d = tmp_path / "usps"
+    if bad == "no_test":
+        _img(d / "train_images" / "0_1.jpg", rng)
+    elif bad == "bad_name":
+        _img(d / "train_images" / "img1.jpg", rng)
+        _img(d / "test_images" / "0_1.jpg", rng)
+    elif bad == "loose_images":
+        _img(d / "0_1.jpg", rng)
+        _img(d / "5" / "a.png", rng)
+    else:
+        (d / "images").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"train_images/<n>_<label>\.jpg.*root/<domain>/<class>/\*"):
+        load_source("digit5", str(tmp_path), cache=False)
+
+
+def test_domainnet_official_split_lists(tmp_path):
+    """root/<domain>_train.txt and _test.txt ('<domain>/<class>/<file> <label>') give the split and the labels;
+    files not listed are not used; the class order follows the lists' labels."""
+    rng = _rng(13)
+    rows = {"train": [("zebra", 9, "a"), ("bird", 1, "b"), ("zebra", 9, "c")], "test": [("bird", 1, "d")]}
+    for split, items in rows.items():
+        for c, _, f in items:
+            _img(tmp_path / "clipart" / c / f"clipart_{f}.jpg", rng, (16, 16))
+        (tmp_path / f"clipart_{split}.txt").write_text(
+            "".join(f"clipart/{c}/clipart_{f}.jpg {lab}\n" for c, lab, f in items))
+    _img(tmp_path / "clipart" / "bird" / "unlisted.jpg", rng, (16, 16))
+    b = load_source("domainnet", str(tmp_path), cache=False)
+    assert b.meta.classes == ("bird", "zebra") and (len(b.train), len(b.test)) == (3, 1)
+    assert sorted(b.train.labels.tolist()) == [0, 1, 1] and b.test.labels.tolist() == [0]
+    (tmp_path / "clipart_test.txt").write_text("clipart/bird/clipart_d.jpg 4\n")
+    with pytest.raises(DataError, match=r"class 'bird' has label 4, elsewhere 1"):
+        load_source("domainnet", str(tmp_path), cache=False)
+    (tmp_path / "clipart_test.txt").write_text("clipart/bird/missing.jpg 1\n")
+    with pytest.raises(DataError, match=r"clipart_test.txt' line 1 names .*missing.jpg', which does not exist"):
+        load_source("domainnet", str(tmp_path), cache=False)
+    (tmp_path / "clipart_test.txt").unlink()
+    with pytest.raises(DataError, match=r"clipart_test.txt' must both exist"):
+        load_source("domainnet", str(tmp_path), cache=False)

@@ -27,7 +27,9 @@ On-disk sources (``root`` = the dataset directory or its parent)
 ``mnist`` / ``fashion-mnist``      IDX files, gzipped or not, also under ``raw/``
 ``tiny-imagenet``                  ``tiny-imagenet-200/`` folder layout
 ``cinic10``                        ``train|valid|test/<class>/*.png``
-``digit5`` / ``office10`` / ``domainnet``   ``<domain>/[train|test/]<class>/*.png|jpg``
+``digit5`` / ``office10`` / ``domainnet``   ``<domain>/[train|test/]<class>/*.png|jpg``; ``digit5`` also
+                                   reads Dassl.pytorch's ``<domain>/train_images|test_images/<n>_<label>.jpg``,
+                                   ``domainnet`` the official ``<domain>_train.txt`` / ``_test.txt`` lists
 ``parquet``                        a Parquet / Arrow table of images (e.g. a Hugging Face export)
 
 All image sources store ``uint8`` CHW images and per-channel mean/std of ``x / 255`` over the train

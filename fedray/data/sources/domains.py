@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from ..formats import resize_bilinear, scan_class_folders, stratified_split, stratified_subset
+from ..formats import is_image_file, resize_bilinear, scan_class_folders, stratified_split, stratified_subset
 from ..table import DataBundle
 from .common import (
     SPLIT_SEED,
@@ -152,37 +154,126 @@ def _digits_domains(root, *, domains, max_per_domain, disjoint) -> DataBundle:
 
 _DOMAIN_LAYOUT = ("root/<domain>/<class>/*.{png,jpg,jpeg} (a fixed stratified 80/20 split is made) or "
                   "root/<domain>/train/<class>/... with root/<domain>/test/<class>/... (or val/)")
+_DIGIT5_LAYOUT = ("either Dassl.pytorch's tree root/<domain>/train_images/<n>_<label>.jpg with "
+                  "root/<domain>/test_images/<n>_<label>.jpg (labels from the file names, its train/test split), "
+                  f"or the class-folder tree {_DOMAIN_LAYOUT}")
+_DOMAINNET_LAYOUT = ("the official lists root/<domain>_train.txt and root/<domain>_test.txt (lines '<domain>/<class>/"
+                     f"<file>.jpg <label>', paths relative to root) when present, else the class-folder tree {_DOMAIN_LAYOUT}")
+LAYOUTS = {"digit5": _DIGIT5_LAYOUT, "domainnet": _DOMAINNET_LAYOUT}
+_DASSL_SPLITS = ("train_images", "test_images")
+_DASSL_NAME = re.compile(r"^\d+_(\d+)\.[A-Za-z]+$")
+
+Folders = dict[str, list[Path]]
+
+
+def _dassl_digit5(src: str, d: Path) -> tuple[Folders, Folders]:
+    """Dassl.pytorch's Digit-5 domain folder: ``train_images/`` and ``test_images/`` holding ``<n>_<label>.<ext>``
+    files. Returns ``{label: files}`` per split (label names are the decimal labels)."""
+    out = []
+    for split in _DASSL_SPLITS:
+        folder = d / split
+        if not folder.is_dir():
+            raise _err(src, f"{str(d)!r} has {'/'.join(p for p in _DASSL_SPLITS if (d / p).is_dir())}/ but not "
+                            f"{split}/; expected {_DIGIT5_LAYOUT}")
+        by_label: Folders = {}
+        for f in sorted(p for p in folder.iterdir() if p.is_file() and is_image_file(p)):
+            m = _DASSL_NAME.match(f.name)
+            if m is None:
+                raise _err(src, f"image {str(f)!r} is not named <n>_<label>.<ext>; expected {_DIGIT5_LAYOUT}")
+            by_label.setdefault(str(int(m.group(1))), []).append(f)
+        if not by_label:
+            raise _err(src, f"no <n>_<label> images in {str(folder)!r}; expected {_DIGIT5_LAYOUT}")
+        out.append(dict(sorted(by_label.items(), key=lambda kv: int(kv[0]))))
+    return out[0], out[1]
+
+
+def _list_file(root: Path, domain: str, split: str) -> Path | None:
+    f = root / f"{domain}_{split}.txt"
+    return f if f.is_file() else None
+
+
+def _domainnet_lists(src: str, root: Path, domain: str, labels: dict[str, int]) -> tuple[Folders, Folders]:
+    """The official DomainNet split lists of one domain: ``{class: files}`` per split. ``labels`` (class name ->
+    the lists' label, shared over domains) checks that a class keeps one label everywhere."""
+    out = []
+    for split in ("train", "test"):
+        lst = _list_file(root, domain, split)
+        if lst is None:
+            raise _err(src, f"{str(root / f'{domain}_train.txt')!r} and {str(root / f'{domain}_test.txt')!r} must "
+                            f"both exist; expected {_DOMAINNET_LAYOUT}")
+        by_class: Folders = {}
+        for n, line in enumerate(lst.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            parts = line.split()
+            rel = Path(parts[0]) if parts else Path()
+            if len(parts) != 2 or not parts[1].lstrip("-").isdigit() or len(rel.parts) < 2:
+                raise _err(src, f"{str(lst)!r} line {n}: expected '<domain>/<class>/<file> <label>', got {line!r}")
+            f = root / rel
+            if not f.is_file():
+                raise _err(src, f"{str(lst)!r} line {n} names {str(f)!r}, which does not exist")
+            cls, lab = rel.parts[-2], int(parts[1])
+            if labels.setdefault(cls, lab) != lab:
+                raise _err(src, f"{str(lst)!r} line {n}: class {cls!r} has label {lab}, elsewhere {labels[cls]}")
+            by_class.setdefault(cls, []).append(f)
+        out.append({c: sorted(fs) for c, fs in sorted(by_class.items())})
+    return out[0], out[1]
+
+
+def _class_folder_domain(src: str, d: Path) -> tuple[Folders, Folders | None]:
+    """``<domain>/<class>/*`` (no split) or ``<domain>/train/<class>/*`` with ``test/`` (or ``val/``)."""
+    layout = LAYOUTS.get(src, _DOMAIN_LAYOUT)
+    if (d / "train").is_dir():
+        test_dir = next((d / t for t in ("test", "val") if (d / t).is_dir()), None)
+        if test_dir is None:
+            raise _err(src, f"{str(d / 'train')!r} exists but neither {str(d / 'test')!r} nor val/ does; "
+                            f"expected {layout}")
+        return scan_class_folders(d / "train"), scan_class_folders(test_dir)
+    loose = [p.name for p in d.iterdir() if p.is_file() and is_image_file(p)]
+    folders = scan_class_folders(d)
+    if loose or not any(folders.values()):
+        what = f"images directly in it ({', '.join(sorted(loose)[:3])}, ...)" if loose else "no class folder with images"
+        raise _err(src, f"domain folder {str(d)!r} has {what}; expected {layout}")
+    return folders, None
 
 
 def _domain_folders(src: str, root: Path, *, domains, classes, image_size, max_per_domain, cache) -> DataBundle:
-    """Shared loader of the image-folder domain datasets (Digit-5, Office-10, DomainNet)."""
+    """Shared loader of the image-folder domain datasets (Digit-5, Office-10, DomainNet).
+
+    Per domain: Digit-5 also reads Dassl.pytorch's ``train_images/<n>_<label>`` layout, DomainNet the official
+    ``<domain>_train.txt`` / ``<domain>_test.txt`` lists when both exist; otherwise class folders."""
     size, cap = image_size, max_per_domain
     wanted = _as_names(src, "classes", classes)
+    layout = LAYOUTS.get(src, _DOMAIN_LAYOUT)
     available = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     names = _as_names(src, "domains", domains) or available
     missing = [d for d in names if d not in available]
     if missing or not names:
         raise _err(src, f"domain folder(s) {missing or '(none)'} not found in {str(root)!r} (found: {available}); "
-                        f"expected {_DOMAIN_LAYOUT}")
+                        f"expected {layout}")
     per_domain = []
+    kinds = set()
+    list_labels: dict[str, int] = {}
     for dname in names:
         d = root / dname
-        if (d / "train").is_dir():
-            test_dir = next((d / t for t in ("test", "val") if (d / t).is_dir()), None)
-            if test_dir is None:
-                raise _err(src, f"{str(d / 'train')!r} exists but neither {str(d / 'test')!r} nor val/ does; "
-                                f"expected {_DOMAIN_LAYOUT}")
-            per_domain.append((scan_class_folders(d / "train"), scan_class_folders(test_dir)))
+        if src == "digit5" and any((d / p).is_dir() for p in _DASSL_SPLITS):
+            per_domain.append(_dassl_digit5(src, d))
+            kinds.add("dassl")
+        elif src == "domainnet" and (_list_file(root, dname, "train") or _list_file(root, dname, "test")):
+            per_domain.append(_domainnet_lists(src, root, dname, list_labels))
+            kinds.add("lists")
         else:
-            per_domain.append((scan_class_folders(d), None))
-    found = sorted({c for tr, te in per_domain for part in (tr, te or {}) for c, fs in part.items() if fs})
+            per_domain.append(_class_folder_domain(src, d))
+            kinds.add("folders")
+    found = sorted({c for tr, te in per_domain for part in (tr, te or {}) for c, fs in part.items() if fs},
+                   key=lambda c: (list_labels.get(c, int(c) if "dassl" in kinds and c.isdigit() else -1), c))
     if wanted is not None:
         absent = [c for c in wanted if c not in found]
         if absent:
             raise _err(src, f"class folder(s) {absent} not found in any domain under {str(root)!r} (found: {found})")
     class_names = wanted or found
     if not class_names:
-        raise _err(src, f"no images found under {str(root)!r}; expected {_DOMAIN_LAYOUT}")
+        raise _err(src, f"no images found under {str(root)!r}; expected {layout}")
     index = {c: i for i, c in enumerate(class_names)}
     files = _FileSplits([], [], [], [])
 
@@ -216,6 +307,11 @@ def _domain_folders(src: str, root: Path, *, domains, classes, image_size, max_p
         files.y_test += parts[1][1].tolist()
         files.d_test += [di] * len(parts[1][0])
     resolved = {"domains": names, "classes": class_names, "image_size": size, "max_per_domain": cap}
+    if kinds != {"folders"}:  # the labels come from file names or lists: part of the identity of the data
+        resolved["layouts"] = sorted(kinds)
+    if "lists" in kinds:  # which file is train or test, and its label, live in the lists
+        lists = [f for d in names for sp in ("train", "test") if (f := _list_file(root, d, sp)) is not None]
+        resolved["lists_sha1"] = hashlib.sha1(b"".join(f.read_bytes() for f in lists)).hexdigest()
     return _decode_bundle(src, root, files, class_names, size, resolved, cache, domains=names)
 
 
@@ -224,5 +320,5 @@ def _domain_source(src: str) -> Callable[..., DataBundle]:
         return _domain_folders(src, root, **params)
 
     load.__name__ = f"_{src}"
-    load.__doc__ = f"{src}: image folders per domain ({_DOMAIN_LAYOUT})."
+    load.__doc__ = f"{src}: image folders per domain ({LAYOUTS.get(src, _DOMAIN_LAYOUT)})."
     return load

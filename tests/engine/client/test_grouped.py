@@ -62,12 +62,15 @@ CASES = [
     ("fedavg_cnn", IMG, {}, TrainConfig(batch_size=10, lr=0.05), "fedavg", {}, None),
     ("fedavg_cnn", IMG, {"hidden": 64}, TrainConfig(batch_size=10, lr=0.05, momentum=0.5), "fedprox", {"mu": 0.01},
      ["crop", "flip"]),
+    # train.local_steps: 7 steps for every client, whatever its size (1-row clients take 7 one-row steps)
+    ("mlp", VEC, {"hidden": [16]}, TrainConfig(batch_size=8, lr=0.05, local_steps=7, local_epochs=3), "fedprox",
+     {"mu": 0.1}, None),
 ]
 
 
 @pytest.mark.parametrize("model_name,meta,opts,train,algo_name,params,augment", CASES,
                          ids=["mlp-sgd-2epochs", "mlp-fedprox-momentum-clip", "logreg-adam-droplast", "cnn-sgd",
-                              "cnn-fedprox-augment"])
+                              "cnn-fedprox-augment", "mlp-local-steps"])
 def test_multi_client_matches_sequential_on_random_models(model_name, meta, opts, train, algo_name, params, augment):
     algo = build_algorithm(algo_name, params)
     torch.manual_seed(3)
@@ -84,6 +87,8 @@ def test_multi_client_matches_sequential_on_random_models(model_name, meta, opts
     moved = 0
     for (w_ref, loss_ref), r, m in zip(ref, got, members):
         assert r.num_samples == m.labels.shape[0]
+        if train.local_steps is not None:
+            assert r.steps == train.local_steps
         np.testing.assert_allclose(r.weights, w_ref, rtol=1e-5, atol=2e-6)
         if np.isnan(loss_ref):
             assert np.isnan(r.loss) and np.array_equal(r.weights, gw)  # no step (drop_last, 1 row)

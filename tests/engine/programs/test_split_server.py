@@ -101,12 +101,12 @@ def _loop_adjusted_ce_row(z, y, prior, eps, zero_mode):
     return log_norm - dict(terms)[y]
 
 
-@pytest.mark.parametrize("opts", [{}, {"grad_scale": "client"}, {"zero_mode": "exclude"},
+@pytest.mark.parametrize("opts", [{}, {"grad_scale": "concat"}, {"zero_mode": "exclude"},
                                   {"server_prior": "clients"}])
 def test_scala_rows_and_server_step_match_a_loop_reference_with_skewed_client_priors(opts):
     """Two clients with different local label distributions (P_k != P_s, zero frequencies included): each
     client's gradient rows are d/dA of (1/sum B_j) sum_i CE(z_i + log P_k(i)) at the pre-step server weights
-    (x sum B_j / B_k with grad_scale: client), and the server steps on CE(z + log P_s), P_s the concatenated
+    (x sum B_j / B_k with the default grad_scale: client), and the server steps on CE(z + log P_s), P_s the concatenated
     batch's label frequencies (or the clients' summed counts with server_prior: clients)."""
     from fedray.algorithms.split import SplitBatch
     from fedray.core.weights import load_flat
@@ -133,7 +133,7 @@ def test_scala_rows_and_server_step_match_a_loop_reference_with_skewed_client_pr
                 for i in range(16)) / 16
     (ga,) = torch.autograd.grad(total, (a,))
     want = [ga[:6], ga[6:]]
-    if opts.get("grad_scale") == "client":
+    if opts.get("grad_scale", "client") == "client":
         want = [want[0] * 16 / 6, want[1] * 16 / 10]
     for got, ref in zip(res.grads, want):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7)
@@ -142,3 +142,53 @@ def test_scala_rows_and_server_step_match_a_loop_reference_with_skewed_client_pr
     expect = _manual_step(model, lay, w, torch.cat(acts), y, 0.1, lambda zz, t: torch.stack(
         [_loop_adjusted_ce_row(zz[i], int(t[i]), p_s, eps, zm) for i in range(t.shape[0])]).mean())
     np.testing.assert_allclose(out, expect[lay.server_train], rtol=1e-5, atol=1e-6)
+
+
+def test_scala_default_client_gradients_are_eq8_per_client_losses():
+    """Eq. 8: client k receives G_k = d/dA_k of its *own* logit-adjusted loss, (1/B_k) sum over its B_k rows
+    of CE(z_i + log P_k), at the pre-step server weights. The naive reference runs the server part on each
+    client's activations alone, one client at a time. The default (grad_scale: client) matches it; the old
+    default (concat) is B_k / sum B_j of it and fails the same check."""
+    from fedray.algorithms.split import SplitBatch
+    from fedray.core.weights import load_flat
+
+    sizes = (3, 9, 4)
+    g = torch.Generator().manual_seed(7)
+    acts = [torch.randn(n, 8, 7, 7, generator=g) for n in sizes]
+    labels = [torch.randint(0, 10, (n,), generator=g) for n in sizes]
+    counts = torch.randint(0, 20, (3, 10), generator=g).numpy().astype(np.float64)
+    counts[:, 0] += 1  # every client holds something
+
+    def run(params):
+        algo, model, lay, w, srv, _, _ = _server_fixture("scala", sizes=sizes, params=params)
+        st, sf = lay.server_vectors(w)
+        srv.begin_round(1, st, sf, 0.1, None, None)
+        srv.begin_iteration(0)
+        res = algo.server_iteration(srv, SplitBatch([0, 1, 2], [5, 6, 7], acts, labels, counts, 10))
+        return res.grads, model, w
+
+    got, model, w = run({})
+    load_flat(model, w)
+    _, server = model.split("block2")
+    for k in range(3):
+        a_k = acts[k].clone().requires_grad_(True)
+        z_k = server(a_k)
+        p_k = counts[k] / counts[k].sum()
+        loss_k = sum(_loop_adjusted_ce_row(z_k[i], int(labels[k][i]), p_k, 1e-9, "clamp")
+                     for i in range(sizes[k])) / sizes[k]
+        (g_k,) = torch.autograd.grad(loss_k, (a_k,))
+        torch.testing.assert_close(got[k], g_k, rtol=1e-5, atol=1e-7)
+        old, _, _ = run({"grad_scale": "concat"})
+        assert not torch.allclose(old[k], g_k, rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(old[k], g_k * sizes[k] / sum(sizes), rtol=1e-5, atol=1e-7)
+
+
+def test_split_methods_refuse_train_local_steps():
+    """Split methods count local iterations in algorithm.params.local_iters; train.local_steps is refused by name."""
+    from fedray.algorithms import build_algorithm
+    from fedray.config import ConfigError
+
+    cfg = from_dict(small_config(Path("/unused"), Path("/unused"), algorithm={"name": "scala"},
+                                 model={"name": "alexnet_split"}, train__local_steps=3))
+    with pytest.raises(ConfigError, match=r"train.local_steps: not used by the split program .*local_iters"):
+        build_algorithm("scala", {}, cfg)
