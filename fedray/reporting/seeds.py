@@ -172,7 +172,7 @@ def _label_groups(groups: list[Group]) -> None:
     by_base: dict[str, list[Group]] = defaultdict(list)
     for g in groups:
         if not g.fields:
-            g.method, g.setting = g.runs[0].path.name, ""
+            g.method, g.setting = str(g.runs[0].path), ""  # the path: unique, as the group's key
             continue
         server = g.fields.get("server.name", "none")
         base = str(g.fields.get("algorithm.name", "?")) + ("" if server == "none" else f"+{server}")
@@ -264,7 +264,7 @@ def pivot(groups: list[Group], metric: str = "accuracy", target: float | None = 
     cells = {}
     for g in groups:
         cell = (g.method, g.setting or metric_title(metric, target))
-        if cell in cells:  # two experiments with the same labels (only ever a run without a config)
+        if cell in cells:  # a guard: the labels name every field that tells groups apart
             raise ValueError(f"two experiments would share the table cell {cell}: {g.label}")
         cells[cell] = g.stat(metric, target)
     return Pivot(metric, target, rows, cols, cells)
