@@ -5,7 +5,7 @@
     fedray show RUN_DIR                  status, rounds, accuracy and last checkpoint of one run directory
     fedray partition CONFIG [a.b=c ...]  build a partition (manifest + per-client shards), print statistics
     fedray datasets                      list data sources, partitioners, models and algorithms
-    fedray report RUN_DIR [RUN_DIR ...]  rebuild tables and PNG plots from run directories
+    fedray report RUN_DIR [RUN_DIR ...]  tables (per run, mean ± std over seeds) and PNG plots from run directories
     fedray tune STUDY.yaml [--resume]    hyper-parameter study over whole runs (docs/tuning.md)
     fedray scale SCALE.yaml              client-count scaling sweep -> Parquet table + plots (docs/scaling.md)
     fedray bench [NAME [ARGS ...]]       list / run the benchmarks of bench/ (docs/benchmarks.md)
@@ -105,6 +105,9 @@ def _cmd_partition(args) -> int:
     print(f"partition {store.hash}: {store.num_clients} clients -> {store.path}")
     print(f"per-client table: {table}")
     print(f"label distribution plot: {png}")
+    if args.plot:
+        heat = plot_label_distribution(store, store.path / "label_heatmap.png", kind="heatmap")
+        print(f"label distribution heat map: {heat}")
     return 0
 
 
@@ -143,7 +146,11 @@ def _cmd_datasets(args) -> int:
 def _cmd_report(args) -> int:
     from fedray.reporting.report import report
 
-    table, files = report(args.runs, args.out)
+    try:
+        table, files = report(args.runs, args.out, metric=args.metric, target=args.target)
+    except ValueError as e:
+        print(f"fedray report: error: {e}", file=sys.stderr)
+        return 2
     print(table)
     for f in files:
         print(f"wrote {f}")
@@ -230,6 +237,9 @@ def _add_experiment_commands(sub) -> None:
     pa.add_argument("--output-dir", help="partition cache directory (data.cache_dir)")
     pa.add_argument("--clients", type=int, default=20, metavar="N",
                     help="print the first N clients' statistics (-1: all; every client is in clients.csv)")
+    pa.add_argument("--plot", action="store_true",
+                    help="also write label_heatmap.png next to clients.csv: a clients x classes heat map of "
+                         "sample counts")
     pa.set_defaults(func=_cmd_partition)
 
 
@@ -240,11 +250,21 @@ def _add_report_commands(sub) -> None:
     d.set_defaults(func=_cmd_datasets)
 
     rep = sub.add_parser("report", help="tables and PNG plots from one or more run directories",
-                         description="Summarise run directories side by side: summary.md / summary.csv, "
-                                     "accuracy and loss curves, per-domain accuracy and feature-analysis "
-                                     "metrics when the runs logged them.")
+                         description="Summarise run directories side by side: summary.md / summary.csv (one "
+                                     "row per run); runs whose configs differ only by seed grouped, with mean ± "
+                                     "std over seeds (groups.md / groups.csv); a methods x settings table of "
+                                     "--metric (table.md / table.csv / table.tex); accuracy and loss curves "
+                                     "(shaded mean ± std bands when there are several seeds), per-domain "
+                                     "accuracy and feature-analysis metrics when the runs logged them.")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
     rep.add_argument("--out", help="output directory (default RUN_DIR/report, or ./report for several runs)")
+    rep.add_argument("--metric", default="accuracy",
+                     choices=["accuracy", "ema_accuracy", "best_accuracy", "rounds_to_target"],
+                     help="what the cells of the methods x settings table (table.md/csv/tex) show, mean ± std "
+                          "over seeds (default: final accuracy)")
+    rep.add_argument("--target", type=float, metavar="ACCURACY",
+                     help="also report rounds to reach this test accuracy (e.g. 0.8): the first round whose "
+                          "accuracy reaches it; seeds that never do are counted as not reached")
     rep.set_defaults(func=_cmd_report)
 
 

@@ -455,23 +455,50 @@ def validate_config(cfg: ExperimentConfig) -> None:
 _HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "train.local_steps": None}
 
 
-def _hash_view(d: dict, prefix: str = "") -> dict:
+def _hash_view(d: dict, prefix: str = "", exclude: frozenset[str] | set[str] = frozenset()) -> dict:
     out = {}
     for k, v in d.items():
         p = f"{prefix}.{k}" if prefix else k
-        if p in _HASH_EXCLUDE:
+        if p in _HASH_EXCLUDE or p in exclude:
             continue
         if p in _HASH_ONLY_IF_NOT and v == _HASH_ONLY_IF_NOT[p]:
             continue
-        out[k] = _hash_view(v, p) if isinstance(v, dict) and not p.endswith("params") else v
+        out[k] = _hash_view(v, p, exclude) if isinstance(v, dict) and not p.endswith("params") else v
     return out
 
 
-def config_hash(cfg: ExperimentConfig) -> str:
-    """Stable 12-hex-char hash of everything that changes the numbers of a run."""
-    view = _hash_view(cfg.to_dict())
+def config_hash(cfg: ExperimentConfig, *, ignore: tuple[str, ...] = ()) -> str:
+    """Stable 12-hex-char hash of everything that changes the numbers of a run. ``ignore`` leaves further
+    dotted fields out: ``ignore=("seed",)`` names the experiment a run is one seed of (``fedray report``
+    averages over the runs that share it)."""
+    view = _hash_view(cfg.to_dict(), exclude=frozenset(ignore))
     blob = json.dumps(view, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def hashed_fields(cfg: ExperimentConfig, *, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields :func:`config_hash` hashes, flattened to ``{dotted path: value}`` (``params`` mappings
+    included, e.g. ``data.partition.params.alpha``; lists as tuples, so values compare and hash)."""
+
+    def flat(d: dict, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            p = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict) and v:
+                out.update(flat(v, p))
+            else:
+                out[p] = _frozen(v)
+        return out
+
+    return flat(_hash_view(cfg.to_dict(), exclude=frozenset(ignore)), "")
+
+
+def _frozen(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((str(k), _frozen(x)) for k, x in v.items()))
+    return v
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

@@ -182,6 +182,21 @@ def test_cli_partition_prints_per_client_statistics_and_datasets_lists_everythin
         assert len(line.split()) > 1, f"{name} is listed without a description"
 
 
+def test_cli_partition_plot_writes_the_heat_map_next_to_clients_csv(tmp_path, capsys):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("data: {source: mnist5k, partition: {name: dirichlet, num_clients: 30, params: {alpha: 0.1}}}\n")
+    assert main(["partition", str(cfg), "--output-dir", str(tmp_path / "parts"), "--plot",
+                 "data.partition.num_clients=10", "train.clients_per_round=2"]) == 0
+    out = capsys.readouterr().out
+    table = next((tmp_path / "parts").glob("*/clients.csv"))
+    heat = table.parent / "label_heatmap.png"
+    assert f"label distribution heat map: {heat}" in out
+    assert heat.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["partition", str(cfg), "--output-dir", str(tmp_path / "other"), "data.partition.num_clients=10",
+                 "train.clients_per_round=2"]) == 0
+    assert "heat map" not in capsys.readouterr().out and not list((tmp_path / "other").glob("*/label_heatmap.png"))
+
+
 # ------------------------------------------------------------------------------------ CLI
 def test_cli_run_and_report(tmp_path, partition_cache):
     from fedray.cli import main

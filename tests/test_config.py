@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedray.config import ConfigError, config_hash, dump_config, from_dict, load_config
+from fedray.config import ConfigError, config_hash, dump_config, from_dict, hashed_fields, load_config
 
 YAML = """
 seed: 3
@@ -67,6 +67,21 @@ def test_hash_ignores_placement_but_not_numbers(tmp_path):
     assert config_hash(base) == config_hash(same) != config_hash(other)
     # the dumped config loads back to the same hash (what --resume relies on)
     assert config_hash(from_dict(__import__("yaml").safe_load(dump_config(base)))) == config_hash(base)
+
+
+def test_hash_without_the_seed_names_the_experiment_and_hashed_fields_flatten_what_is_hashed():
+    s0 = from_dict({"seed": 0, "data": {"partition": {"params": {"alpha": 0.05}}}, "train": {"augment": ["flip"]}})
+    s1 = from_dict({"seed": 1, "data": {"partition": {"params": {"alpha": 0.05}}}, "train": {"augment": ["flip"]},
+                    "engine": {"num_workers": 3}})
+    assert config_hash(s0) != config_hash(s1)
+    assert config_hash(s0, ignore=("seed",)) == config_hash(s1, ignore=("seed",))
+    fixed = from_dict({"seed": 1, "data": {"partition": {"seed": 0, "params": {"alpha": 0.05}}},
+                       "train": {"augment": ["flip"]}})
+    assert config_hash(fixed, ignore=("seed",)) != config_hash(s1, ignore=("seed",))  # another partition seed
+    fields = hashed_fields(s0, ignore=("seed",))
+    assert fields["data.partition.params.alpha"] == 0.05 and fields["train.augment"] == ("flip",)
+    assert "seed" not in fields and "engine.num_workers" not in fields and not any(k.startswith("output") for k in fields)
+    assert fields == hashed_fields(s1, ignore=("seed",))
 
 
 @pytest.mark.parametrize("data, msg", [

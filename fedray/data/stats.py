@@ -139,16 +139,20 @@ def format_client_rows(rows: list[dict[str, Any]], limit: int | None = 20) -> st
     return "\n".join(lines)
 
 
-def plot_label_distribution(store_or_counts: Any, path_png: str | Path, max_clients: int = 100) -> Path:
+def plot_label_distribution(store_or_counts: Any, path_png: str | Path, max_clients: int = 100,
+                            kind: str = "auto") -> Path:
     """Plot clients x classes (like FedRCL's Figure C) to ``path_png`` and return the path.
 
-    Up to 20 classes: one horizontal stacked bar per client (a colour per class, bar length = client
-    size). More classes: a heat map of per-client class proportions. Only the first ``max_clients``
+    ``kind="auto"``: up to 20 classes, one horizontal stacked bar per client (a colour per class, bar
+    length = client size); more classes, a heat map of per-client class proportions.
+    ``kind="heatmap"``: a heat map of sample counts (clients x classes). Only the first ``max_clients``
     clients are drawn (the title says so). Uses matplotlib's Agg canvas directly (no pyplot state) and
     writes atomically (temporary file in the same directory, then ``os.replace``).
     """
     if isinstance(max_clients, bool) or not isinstance(max_clients, int) or max_clients < 1:
         raise DataError(f"plot_label_distribution: max_clients must be an integer >= 1, got {max_clients!r}")
+    if kind not in ("auto", "heatmap"):
+        raise DataError(f"plot_label_distribution: kind must be 'auto' or 'heatmap', got {kind!r}")
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -165,7 +169,19 @@ def plot_label_distribution(store_or_counts: Any, path_png: str | Path, max_clie
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     classes = info.get("classes") or [str(i) for i in range(c)]
-    if c <= 20:
+    if kind == "heatmap" or c > 20:  # counts (heatmap) or per-client class proportions (auto, many classes)
+        if kind == "heatmap":
+            values, what = shown, "samples"
+        else:
+            totals = shown.sum(axis=1, keepdims=True)
+            values = np.divide(shown, totals, out=np.zeros(shown.shape, dtype=np.float64), where=totals > 0)
+            what = "fraction of client's samples"
+        im = ax.imshow(values, aspect="auto", interpolation="nearest", cmap="viridis")
+        if c <= 20:
+            ax.set_xticks(np.arange(c), [str(x) for x in classes], rotation=90 if c > 10 else 0)
+        ax.set_xlabel("class")
+        fig.colorbar(im, ax=ax, label=what)
+    else:
         palette = matplotlib.colormaps["tab10" if c <= 10 else "tab20"]
         left = np.zeros(k)
         y = np.arange(k)
@@ -175,12 +191,6 @@ def plot_label_distribution(store_or_counts: Any, path_png: str | Path, max_clie
         ax.set_ylim(k - 0.5, -0.5)
         ax.set_xlabel("samples")
         ax.legend(title="class", bbox_to_anchor=(1.01, 1.0), loc="upper left", fontsize="small", frameon=False)
-    else:
-        totals = shown.sum(axis=1, keepdims=True)
-        prop = np.divide(shown, totals, out=np.zeros(shown.shape, dtype=np.float64), where=totals > 0)
-        im = ax.imshow(prop, aspect="auto", interpolation="nearest", cmap="viridis")
-        ax.set_xlabel("class")
-        fig.colorbar(im, ax=ax, label="fraction of client's samples")
     ax.set_ylabel("client")
     title = "label distribution"
     if info.get("name"):

@@ -114,21 +114,44 @@ def _save_fig(fig, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def plot_runs(run_dirs: list[RunDir], out_dir: Path) -> list[Path]:
+def _curve(ax, label: str, rounds, mean, std=None) -> None:
+    """One line; with ``std`` a shaded mean ± std band in the line's colour."""
+    (line,) = ax.plot(rounds, mean, label=label)
+    if std is not None:
+        import numpy as np
+
+        mean, std = np.asarray(mean, dtype=float), np.asarray(std, dtype=float)
+        ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
+def plot_runs(run_dirs: list[RunDir], out_dir: Path, groups: list | None = None) -> list[Path]:
+    """accuracy.png and loss.png (one line per run, or, when ``groups`` (fedray.reporting.seeds.Group) hold
+    several seeds, one line per group with a mean ± std band over its seeds), then per-domain accuracy and
+    feature-analysis plots per run when the runs logged them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fedray.reporting.seeds import band
+
     written = []
     series = [(rd, rd.read_metrics()) for rd in run_dirs]
+    if groups and any(len(g.runs) > 1 for g in groups):
+        def curves(key):
+            return [(f"{g.label} (n={len(g.runs)})", *band(g.metrics, key)) for g in groups]
+        bands = " (mean ± std over seeds)"
+    else:
+        def curves(key):
+            return [(_label(rd), [r["round"] for r in rows if r.get(key) is not None],
+                     [r[key] for r in rows if r.get(key) is not None], None) for rd, rows in series]
+        bands = ""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for rd, rows in series:
-        ev = [r for r in rows if r.get("accuracy") is not None]
-        axes[0].plot([r["round"] for r in ev], [r["accuracy"] for r in ev], label=_label(rd))
-        axes[1].plot([r["round"] for r in ev], [r.get("ema_accuracy") for r in ev], label=_label(rd))
-    axes[0].set_title("test accuracy")
-    axes[1].set_title("EMA-0.9 test accuracy")
+    for ax, key in zip(axes, ("accuracy", "ema_accuracy")):
+        for curve in curves(key):
+            _curve(ax, *curve)
+    axes[0].set_title("test accuracy" + bands)
+    axes[1].set_title("EMA-0.9 test accuracy" + bands)
     for ax in axes:
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
@@ -138,9 +161,9 @@ def plot_runs(run_dirs: list[RunDir], out_dir: Path) -> list[Path]:
     written.append(out_dir / "accuracy.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for rd, rows in series:
-        ax.plot([r["round"] for r in rows], [r.get("loss") for r in rows], label=_label(rd))
-    ax.set_title("mean client training loss")
+    for curve in curves("loss"):
+        _curve(ax, *curve)
+    ax.set_title("mean client training loss" + bands)
     ax.set_xlabel("round")
     ax.legend(fontsize=7)
     _save_fig(fig, out_dir / "loss.png")
@@ -180,7 +203,21 @@ def plot_runs(run_dirs: list[RunDir], out_dir: Path) -> list[Path]:
     return written
 
 
-def report(paths: list[str | Path], out: str | Path | None = None) -> tuple[str, list[Path]]:
+def report(paths: list[str | Path], out: str | Path | None = None, *, metric: str = "accuracy",
+           target: float | None = None) -> tuple[str, list[Path]]:
+    """Per-run summary (summary.md / summary.csv), runs grouped over seeds (groups.md / groups.csv), the
+    methods x settings pivot of ``metric`` (table.md / table.csv / table.tex) and the plots, into ``out``.
+    Returns the text to print (the per-run table; with several runs also the group and pivot tables) and
+    the files written."""
+    from fedray.reporting.seeds import (METRICS, format_groups, group_runs, pivot, pivot_csv, pivot_latex,
+                                        pivot_markdown)
+
+    if metric not in METRICS:
+        raise ValueError(f"--metric {metric!r}: expected one of {', '.join(METRICS)}")
+    if metric == "rounds_to_target" and target is None:
+        raise ValueError("--metric rounds_to_target needs --target ACCURACY")
+    if target is not None and not 0 < target <= 1:
+        raise ValueError(f"--target {target!r}: expected an accuracy in (0, 1]")
     run_dirs = []
     for p in paths:
         rd = RunDir(p)
@@ -192,13 +229,51 @@ def report(paths: list[str | Path], out: str | Path | None = None) -> tuple[str,
     summaries = [summarize(rd) for rd in run_dirs]
     table = format_table(summaries)
     atomic_write_text(out_dir / "summary.md", table + "\n")
+    atomic_write_text(out_dir / "summary.csv", _csv(summaries, [k for k in summaries[0] if k != "domain_accuracy"]))
+
+    groups, notes = group_runs(run_dirs, summaries)
+    grouped = format_groups(groups, target)
+    atomic_write_text(out_dir / "groups.md", grouped + "\n" + "".join(f"\nnote: {n}" for n in notes))
+    atomic_write_text(out_dir / "groups.csv", _csv(_group_rows(groups, target)))
+    piv = pivot(groups, metric, target)
+    pivot_md = pivot_markdown(piv)
+    atomic_write_text(out_dir / "table.md", pivot_md + "\n")
+    atomic_write_text(out_dir / "table.csv", pivot_csv(piv))
+    atomic_write_text(out_dir / "table.tex", pivot_latex(piv))
+    pngs = plot_runs(run_dirs, out_dir, groups)
+    text = table
+    if len(run_dirs) > 1:
+        text += "\n\n" + grouped + "\n\n" + pivot_md + "".join(f"\nnote: {n}" for n in notes)
+    files = [out_dir / n for n in ("summary.md", "summary.csv", "groups.md", "groups.csv", "table.md",
+                                   "table.csv", "table.tex")]
+    return text, [*files, *pngs]
+
+
+def _csv(rows: list[dict], fieldnames: list[str] | None = None) -> str:
     import csv
 
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[k for k in summaries[0] if k not in ("domain_accuracy",)], extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=fieldnames or list(dict.fromkeys(k for r in rows for k in r)),
+                       extrasaction="ignore")
     w.writeheader()
-    for s in summaries:
-        w.writerow(s)
-    atomic_write_text(out_dir / "summary.csv", buf.getvalue())
-    pngs = plot_runs(run_dirs, out_dir)
-    return table, [out_dir / "summary.md", out_dir / "summary.csv", *pngs]
+    for r in rows:
+        w.writerow(r)
+    return buf.getvalue()
+
+
+def _group_rows(groups: list, target: float | None) -> list[dict]:
+    """groups.csv: per group its labels, seeds, run directories and mean / std / n of each metric."""
+    from fedray.reporting.seeds import METRICS, csv_number
+
+    rows = []
+    for g in groups:
+        row = {"experiment": g.label, "method": g.method, "setting": g.setting, "key": g.key,
+               "seeds": len(g.runs), "seed_values": " ".join(str(s) for s in g.seeds),
+               "runs": " ".join(rd.path.name for rd in g.runs)}
+        for m in METRICS:
+            if m == "rounds_to_target" and target is None:
+                continue
+            st = g.stat(m, target)
+            row.update({f"{m}_mean": csv_number(st.mean), f"{m}_std": csv_number(st.std), f"{m}_n": st.n})
+        rows.append(row)
+    return rows

@@ -51,5 +51,8 @@ def test_summary_and_plot(tmp_path, bundle):
     assert sorted(p.name for p in out.parent.iterdir()) == ["labels.png"]
     wide = np.random.default_rng(0).integers(0, 5, (30, 40))
     assert plot_label_distribution(wide, tmp_path / "wide.png").stat().st_size > 0
+    assert plot_label_distribution(st, tmp_path / "heat.png", kind="heatmap").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(DataError, match="kind"):
+        plot_label_distribution(st, tmp_path / "x.png", kind="pie")
     with pytest.raises(DataError, match="counts"):
         partition_summary(np.array([1, 2, 3]))
