@@ -49,7 +49,7 @@ def _cmd_run(args) -> int:
     if args.dry_run:
         return _dry_run(args)
     if args.resume:
-        res = run_experiment(resume=args.resume, progress=not args.quiet)
+        res = run_experiment(resume=args.resume, progress=not args.quiet, ray_address=args.address)
     else:
         if not args.config:
             print("fedray run: give a CONFIG file or --resume RUN_DIR", file=sys.stderr)
@@ -57,7 +57,7 @@ def _cmd_run(args) -> int:
         cfg = load_config(args.config, args.overrides)
         if args.output_dir:
             cfg.output.root = args.output_dir
-        res = run_experiment(cfg, progress=not args.quiet, overwrite=args.overwrite)
+        res = run_experiment(cfg, progress=not args.quiet, overwrite=args.overwrite, ray_address=args.address)
     if res.rounds and not args.quiet:
         from fedray.reporting.report import format_table, summarize
         from fedray.reporting.rundir import RunDir
@@ -215,6 +215,9 @@ def _add_experiment_commands(sub) -> None:
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     r.add_argument("--output-dir", help="root directory for run directories (output.root)")
     r.add_argument("-q", "--quiet", action="store_true", help="no per-round progress")
+    r.add_argument("--address", metavar="HOST:PORT",
+                   help="join exactly this Ray cluster (its GCS address; engine.ray_address, RAY_ADDRESS); "
+                        "default: a private local Ray on 127.0.0.1 with token authentication")
     r.add_argument("--overwrite", action="store_true",
                    help="start over in a run directory that already holds a run (deletes its results)")
     r.add_argument("--dry-run", action="store_true",
@@ -323,6 +326,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
 
 def main(argv: list[str] | None = None) -> int:
     from fedray.config import ConfigError
+    from fedray.core.ray_env import RayConnectError
     from fedray.data.table import DataError
 
     parser = build_parser()
@@ -334,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (ConfigError, DataError, FileNotFoundError) as e:
         print(f"fedray {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except RayConnectError as e:
+        print(f"fedray {args.command}: error: cannot join Ray: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
         from fedray.engine.dispatch import RoundAborted, RunAborted

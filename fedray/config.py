@@ -159,6 +159,8 @@ class EngineConfig:
     over_selection: float = 0.0  # straggler handling: sample ceil((1+x)K) clients, keep the first K done
     round_deadline_s: float | None = None  # straggler handling: aggregate what finished by the deadline
     object_store_memory: int | None = None  # bytes, only when fedray starts a local Ray
+    # the Ray cluster to join (GCS HOST:PORT); default RAY_ADDRESS, else a private local Ray (fedray/core/ray_env.py)
+    ray_address: str | None = None
     fault_injection: dict[str, Any] = field(default_factory=dict)  # testing aid, see fedray/engine/faults.py
     # clients trained at once per worker with stacked parameters (fedray.engine.client.grouped); 1 = one at a time.
     # Changes float results (within tolerance), so it is hashed.
@@ -213,6 +215,7 @@ _HASH_EXCLUDE = {
     "engine.reorder_window",
     "engine.chunk_size",
     "engine.object_store_memory",
+    "engine.ray_address",
     "engine.fault_injection",
     "engine.max_worker_restarts",
     "engine.max_dropped_fraction",

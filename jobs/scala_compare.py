@@ -93,7 +93,6 @@ def experiment_config(method: str, part: str, args) -> dict:
 
 def _run_one(cfg_dict: dict) -> dict:
     """Run one experiment (in this process) and return a short summary."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from fedray.config import from_dict
     from fedray.engine.runner import run_experiment
 

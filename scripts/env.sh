@@ -1,8 +1,7 @@
 # Environment shared by the demo, the tests and CI (sourced, not executed).
-# Ray >= 2.59 turns token authentication on for local clusters; fedray's local runs, tests and the
-# loopback job tests all use RAY_AUTH_MODE=disabled consistently (see README "Running on a cluster"
-# for real clusters, which should keep tokens on).
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
+# Ray token authentication stays on: the local Ray that fedray starts (runs, tests) binds 127.0.0.1 only
+# and uses fedray's token (~/.cache/fedray/ray/auth_token, fedray/core/ray_env.py); joining a cluster
+# needs RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN), see cluster/README.md.
 export RAY_USAGE_STATS_ENABLED=0
 export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
 export PYTHONUNBUFFERED=1

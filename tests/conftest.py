@@ -1,8 +1,9 @@
 """Shared fixtures (found by pytest for every subdirectory): one local Ray instance for the whole test run (ray.init costs ~3 s).
 
 The instance has 4 logical CPUs (so 1, 2 and 4 client workers can be compared on a 2-core machine)
-and 1 fake logical GPU (so fractional-GPU actors schedule on CPU-only CI). Token authentication is
-disabled consistently for tests (scripts/env.sh sets RAY_AUTH_MODE=disabled too).
+and 1 fake logical GPU (so fractional-GPU actors schedule on CPU-only CI). It is started by
+``fedray.core.ray_env.ensure_ray``, like every local run: bound to 127.0.0.1 only, token authentication on
+(fedray's token file; subprocesses of the tests inherit RAY_AUTH_MODE / RAY_AUTH_TOKEN_PATH from it).
 
 Helpers that test files import (ROOT, small_config) are in tests/helpers.py: no test file imports
 conftest or another test file.
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -29,9 +29,10 @@ if str(ROOT) not in sys.path:
 def ray_session():
     import ray
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, object_store_memory=1 << 30,
-                 log_to_driver=False, configure_logging=False)
+    from fedray.core.ray_env import ensure_ray
+
+    # "local": the tests' own instance, even when the shell has RAY_ADDRESS set
+    ensure_ray(1 << 30, address="local", num_cpus=4, num_gpus=1, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 

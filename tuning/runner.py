@@ -365,7 +365,7 @@ class StudyRunner:
 
             from fedray.core.ray_env import ensure_ray
 
-            ensure_ray(cfg0.engine.object_store_memory)
+            ensure_ray(cfg0.engine.object_store_memory, address=cfg0.engine.ray_address)
             cr = ray.cluster_resources()
             cpus, gpus = float(cr.get("CPU", 0.0)), float(cr.get("GPU", 0.0))
         else:

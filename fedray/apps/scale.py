@@ -311,9 +311,10 @@ def _ensure_ray(spec: ScaleSpec, cfg) -> float | None:
         return None
     import ray
 
-    # a private instance, never a `ray start` cluster found on this host
-    ensure_ray(cfg.engine.object_store_memory, private=True, log_to_driver=False, configure_logging=False,
-               **spec.ray)
+    # without an address (engine.ray_address, RAY_ADDRESS) a private local instance, never a `ray start`
+    # cluster found on this host
+    ensure_ray(cfg.engine.object_store_memory, address=cfg.engine.ray_address, log_to_driver=False,
+               configure_logging=False, **spec.ray)
     return float(ray.cluster_resources().get("CPU", 1.0))
 
 

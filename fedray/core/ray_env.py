@@ -1,31 +1,224 @@
-"""Starting or joining Ray, in one place (``fedray run``, sweeps, studies, jobs)."""
+"""Starting or joining Ray, in one place (``fedray run``, sweeps, studies, jobs).
+
+Two cases, nothing in between:
+
+* **An address is named** (``fedray run --address``, ``engine.ray_address``, ``RAY_ADDRESS``; in that
+  order): fedray joins exactly that cluster. A short check first (TCP, then one GCS call carrying the
+  token the way ``ray.init`` would) turns an unreachable address or a missing/wrong token into a
+  ``RayConnectError`` within seconds, naming the address and what to set, instead of Ray's bare
+  ``ConnectionError`` after ~20 s or its endless retry. A loopback address (``127.0.0.1:PORT``,
+  ``localhost:PORT``) is kept on loopback: Ray would otherwise rewrite it to the machine's outward IP,
+  where a loopback-only cluster does not answer.
+* **No address**: fedray starts a private local instance (``address="local"``), never a ``ray start``
+  cluster Ray recorded on the machine. It is locked down: every Ray process binds 127.0.0.1 only (Ray's
+  single-node switch ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which pins the node IP to loopback; a plain
+  ``--node-ip-address=127.0.0.1`` is rewritten by Ray to the outward IP and binds every interface), and
+  token authentication stays on (``RAY_AUTH_MODE=token``) with the token from ``RAY_AUTH_TOKEN`` /
+  ``RAY_AUTH_TOKEN_PATH`` when set, else fedray's own token file (``local_token_path()``, mode 0600,
+  generated once).
+
+``local_ray_env()`` gives the same settings as environment variables, for a ``ray start --head`` that
+should match (the job tests, cluster/README.md's local head).
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
+import secrets
+import socket
+import stat
+from pathlib import Path
 
-__all__ = ["ensure_ray"]
+__all__ = ["RayConnectError", "ensure_ray", "local_ray_env", "local_token_path"]
+
+log = logging.getLogger("fedray")
+
+#: Ray's switch that pins the node IP to loopback (named for Windows/macOS, honoured on every platform).
+LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+CONNECT_TIMEOUT_S = 5.0
+#: ``ray.init`` arguments that make sense when joining a cluster (the rest size a local instance).
+_CONNECT_KWARGS = {"configure_logging", "logging_level", "logging_format", "namespace", "runtime_env"}
 
 
-def ensure_ray(object_store_memory: int | None = None, *, private: bool = False, log_to_driver: bool = True,
+class RayConnectError(ConnectionError):
+    """The named Ray cluster cannot be joined (unreachable, refused the token, or a malformed address)."""
+
+
+# ------------------------------------------------------------------------------------------- local token
+def local_token_path() -> Path:
+    """fedray's token file for the Ray instances it starts: ``$XDG_CACHE_HOME/fedray/ray/auth_token``
+    (``~/.cache/...`` by default)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "fedray" / "ray" / "auth_token"
+
+
+def _ensure_token_file(path: Path) -> Path:
+    """Create ``path`` with a fresh 256-bit token (0600, directory 0700) unless it exists; an existing file
+    must belong to this user and is made 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            try:
+                os.link(tmp, path)  # atomic, and never replaces a token another process wrote first
+            except FileExistsError:
+                pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"Ray token file {path} belongs to another user; remove it or set RAY_AUTH_TOKEN_PATH")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        path.chmod(0o600)
+    if not path.read_text().strip():
+        raise PermissionError(f"Ray token file {path} is empty; delete it and fedray generates a new one")
+    return path
+
+
+def local_ray_env() -> dict[str, str]:
+    """Environment for a locally started Ray: token auth on, the token fedray uses, nodes on loopback.
+
+    ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH`` from the environment is kept; otherwise the token is
+    ``local_token_path()`` (generated on first use)."""
+    env = {"RAY_AUTH_MODE": "token", LOOPBACK_SWITCH: "0"}
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return env
+    given = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if given:
+        if not Path(given).is_file():
+            raise FileNotFoundError(f"RAY_AUTH_TOKEN_PATH={given} does not exist; unset it and fedray uses "
+                                    f"its own token ({local_token_path()}), or point it at a token file")
+        env["RAY_AUTH_TOKEN_PATH"] = given
+    else:
+        env["RAY_AUTH_TOKEN_PATH"] = str(_ensure_token_file(local_token_path()))
+    return env
+
+
+# ------------------------------------------------------------------------------------------- Ray settings
+def _refresh_ray_config() -> None:
+    """Make this process's Ray see the authentication settings now in ``os.environ`` (Ray caches them)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _pin_loopback() -> None:
+    """Keep this process's Ray (and the processes it starts) on 127.0.0.1: without this Ray replaces a
+    loopback node IP or address by the machine's outward IP."""
+    from ray._private import ray_constants
+
+    os.environ[LOOPBACK_SWITCH] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; ray is imported by now
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        raise RayConnectError(f"Ray address {address!r} is not HOST:PORT (the GCS address of the head, "
+                              f"e.g. 127.0.0.1:6379)")
+    return host, int(port)
+
+
+def _auth_hint() -> str:
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return ("no token was sent: RAY_AUTH_MODE is not 'token'. Set RAY_AUTH_MODE=token and "
+                "RAY_AUTH_TOKEN_PATH=<file with the cluster's token> (or RAY_AUTH_TOKEN)")
+    src = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN")
+           else os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token"))
+    return (f"the token from {src} is missing or not the cluster's. Point RAY_AUTH_TOKEN_PATH at the "
+            f"cluster's token (`ray get-auth-token` on the head prints it) or set RAY_AUTH_TOKEN")
+
+
+def _check_reachable(address: str, host: str, port: int) -> None:
+    """Fail within seconds when nothing answers at ``address`` or the cluster refuses our token."""
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise RayConnectError(
+            f"no Ray cluster answers at {address} ({e.strerror or e}). Start one there "
+            f"(`ray start --head --port={port}`), or fix --address / engine.ray_address / RAY_ADDRESS; "
+            f"without any address fedray starts its own local Ray") from None
+    import grpc
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    channel = init_grpc_channel(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
+    try:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=CONNECT_TIMEOUT_S)
+    except grpc.RpcError as e:
+        code = e.code() if hasattr(e, "code") else None
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            raise RayConnectError(f"the Ray cluster at {address} refused the connection: {_auth_hint()}") from None
+        raise RayConnectError(f"{address} accepts connections but does not answer as a Ray GCS "
+                              f"({code.name if code else e}): is it the head's GCS port (default 6379), "
+                              f"not the dashboard's (8265)?") from None
+    finally:
+        channel.close()
+
+
+# ------------------------------------------------------------------------------------------- entry point
+def ensure_ray(object_store_memory: int | None = None, *, address: str | None = None, log_to_driver: bool = True,
                **init_kwargs) -> None:
-    """Use the Ray instance this process already joined; else the cluster named by ``RAY_ADDRESS``
-    (under ``ray job submit`` or a configured cluster: connect, size nothing); else start a local one.
+    """Use the Ray instance this process already joined; else join the cluster named by ``address``
+    (``--address`` / ``engine.ray_address``) or ``RAY_ADDRESS``, which must answer; else start a private,
+    locked-down local instance (see the module docstring).
 
-    ``private`` starts the local instance with ``address="local"``, so a ``ray start`` cluster recorded on
-    this host is never joined (client-count sweeps measure a machine of their own). ``init_kwargs`` go to
-    ``ray.init`` for a local start only."""
+    ``object_store_memory`` and ``init_kwargs`` (``num_cpus``, ...) size a local start only."""
     import ray
 
     if ray.is_initialized():
         return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init()
+    address = (address or os.environ.get("RAY_ADDRESS") or "").strip()
+    if address and address != "local":
+        _connect(ray, address, log_to_driver, init_kwargs)
         return
-    kwargs = dict(include_dashboard=False, log_to_driver=log_to_driver)
+    env = local_ray_env()
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        log.warning("fedray: RAY_AUTH_MODE=%s ignored: the local Ray fedray starts keeps token authentication on",
+                    os.environ["RAY_AUTH_MODE"])
+    os.environ.update(env)  # the Ray processes started below inherit it
+    _refresh_ray_config()
+    _pin_loopback()
+    kwargs = dict(address="local", include_dashboard=False, log_to_driver=log_to_driver,
+                  _node_ip_address="127.0.0.1")
     if object_store_memory:
         kwargs["object_store_memory"] = int(object_store_memory)
     kwargs.update(init_kwargs)
-    if private:
-        kwargs["address"] = "local"
     ray.init(**kwargs)
+
+
+def _connect(ray, address: str, log_to_driver: bool, init_kwargs: dict) -> None:
+    kwargs = {k: v for k, v in init_kwargs.items() if k in _CONNECT_KWARGS}
+    if address.startswith(("http://", "https://")):
+        raise RayConnectError(f"Ray address {address} is a dashboard / job API address (for `ray job submit`); "
+                              f"fedray joins a cluster by its GCS address, HOST:PORT (e.g. 127.0.0.1:6379)")
+    if address.startswith("ray://") or address == "auto":  # Ray Client, or explicitly "the recorded cluster"
+        ray.init(address=address, log_to_driver=log_to_driver, **kwargs)
+        return
+    host, port = _split_address(address)
+    if _is_loopback(host):
+        _pin_loopback()
+    _check_reachable(address, host, port)
+    try:
+        ray.init(address=f"{host}:{port}" if ":" not in host else f"[{host}]:{port}",
+                 log_to_driver=log_to_driver, **kwargs)
+    except ray.exceptions.AuthenticationError as e:
+        raise RayConnectError(f"cannot join the Ray cluster at {address}: {e}") from None

@@ -4,8 +4,9 @@
 four steps: :func:`setup_run` (checks, data, run directory), :class:`Engine` (the coordinator, as a Ray
 actor or in-process), :class:`RoundLoop` (the rounds, with callbacks from :mod:`fedray.engine.callbacks`)
 and :func:`finish_run` (final weights, summary, status). With ``engine.backend: ray`` it uses the Ray
-instance already initialised in this process, the one named by ``RAY_ADDRESS`` (under ``ray job submit``),
-or starts a local one; with ``local`` nothing of Ray is imported.
+instance already initialised in this process, the cluster named by ``engine.ray_address`` / ``fedray run
+--address`` or ``RAY_ADDRESS`` (under ``ray job submit``), or starts a private, loopback-only local one with
+token authentication (:mod:`fedray.core.ray_env`); with ``local`` nothing of Ray is imported.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class Engine:
             import ray
 
             self.ray = ray
-            ensure_ray(cfg.engine.object_store_memory)
+            ensure_ray(cfg.engine.object_store_memory, address=cfg.engine.ray_address)
             self._start()
         else:
             n, wcpu, wgpu = default_num_workers(cfg, int(cfg.train.clients_per_round))
@@ -463,7 +464,8 @@ def _callbacks(run: Run, progress: bool, on_round, log) -> list:
 
 
 def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | None = None,
-                   progress: bool | None = None, log=print, on_round=None, overwrite: bool = False) -> RunResult:
+                   progress: bool | None = None, log=print, on_round=None, overwrite: bool = False,
+                   ray_address: str | None = None) -> RunResult:
     """Run (or resume) one experiment to the end. Ctrl-C writes a checkpoint and returns early.
 
     A run directory that already holds a run is refused (``ConfigError``) unless ``overwrite`` deletes
@@ -472,9 +474,14 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
 
     ``on_round(report) -> bool | None`` is called after every round with that round's metrics row;
     returning ``True`` stops the run there (after a checkpoint), e.g. when an Optuna pruner says so.
-    The result then has ``stopped_early = True``."""
+    The result then has ``stopped_early = True``.
+
+    ``ray_address`` (``fedray run --address``) names the Ray cluster to join, over ``engine.ray_address``,
+    also when resuming."""
     run = setup_run(cfg, resume, overwrite, log)
     cfg = run.cfg
+    if ray_address:
+        cfg.engine.ray_address = ray_address  # not hashed: the same run on another cluster
     result = RunResult(run_dir=run.rd.path)
     engine = None
     try:

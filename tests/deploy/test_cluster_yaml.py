@@ -474,9 +474,13 @@ def test_runtime_env_excludes_upload_only_code(tmp_path):
 # --------------------------------------------------------------------------- README
 def test_readme_documents_the_commands_and_existing_files():
     text = (CLUSTER / "README.md").read_text()
-    for needle in ("RAY_AUTH_MODE=disabled ray start --head", "ray up", "ray dashboard", "ray job submit",
+    for needle in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0", "ray start --head --port=6379 --node-ip-address=127.0.0.1",
+                   "--dashboard-host=127.0.0.1", "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=",
+                   "--address 127.0.0.1:6379", "ray up", "ray dashboard", "ray job submit",
                    "ray job stop", "--resume", "kubectl apply -f cluster/kuberay/rayjob.yaml",
                    "RAY_AUTH_MODE=token", "ray get-auth-token", "authOptions", "data.root"):
         assert needle in text, f"cluster/README.md must document {needle!r}"
+    # the local head keeps token auth on: no recipe switches it off
+    assert "RAY_AUTH_MODE=disabled" not in text, "cluster/README.md must not turn Ray's token auth off"
     for rel in set(re.findall(r"\b((?:cluster|jobs)/[\w./-]+\.(?:ya?ml|json|md))", text)):
         assert (ROOT / rel).is_file(), f"cluster/README.md refers to {rel}, which does not exist"

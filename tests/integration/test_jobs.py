@@ -2,15 +2,14 @@
 
 The head gets its own --temp-dir and ports, and is torn down by terminating exactly the processes whose
 command line names that temp dir (a plain `ray stop` would also kill the test session's own Ray).
-Token authentication is disabled on both sides (RAY_AUTH_MODE=disabled), as for every local run.
+The head runs with fedray's local settings (tests/helpers.ray_head_env: token authentication on with
+fedray's token, every port on 127.0.0.1); `ray job submit` and the job's driver use the same token.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,43 +18,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, ray_head_env, start_ray_head, terminate_matching
 
 pytestmark = pytest.mark.jobs
 
 VENV_BIN = Path(sys.executable).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict:
-    env = dict(os.environ)
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", TQDM_DISABLE="1",
-               PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", RAY_JOB_STOP_WAIT_TIME_S="30")
-    env.pop("RAY_ADDRESS", None)
-    return env
+    return ray_head_env(RAY_JOB_STOP_WAIT_TIME_S="30")
 
 
 @pytest.fixture(scope="module")
 def head():
     temp = tempfile.mkdtemp(prefix="frj-", dir="/tmp")
-    gcs, dash = _free_port(), _free_port()
-    # every port the head binds is chosen here: the test session's own Ray (conftest) already holds the
-    # defaults, e.g. the dashboard agent's 52365, and an agent that cannot bind leaves the job server
-    # without an agent (submissions then wait forever)
-    agent, agent_grpc, metrics, renv = _free_port(), _free_port(), _free_port(), _free_port()
-    cmd = [str(VENV_BIN / "ray"), "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
-           "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=2", "--num-gpus=0",
-           f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-           f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={renv}",
-           f"--temp-dir={temp}", "--include-dashboard=true", "--disable-usage-stats"]
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    address = f"http://127.0.0.1:{dash}"
+    # an agent that cannot bind leaves the job server without an agent (submissions then wait forever):
+    # start_ray_head chooses every port
+    address = start_ray_head(temp, _env(), "--num-cpus=2", "--include-dashboard=true")["dashboard"]
     deadline = time.time() + 60
     while time.time() < deadline:  # the job server answers a little after `ray start` returns
         r = subprocess.run([str(VENV_BIN / "ray"), "job", "list", "--address", address], env=_env(),
@@ -64,40 +43,8 @@ def head():
             break
         time.sleep(1)
     yield address
-    _terminate_matching(temp)
+    terminate_matching(temp)
     shutil.rmtree(temp, ignore_errors=True)
-
-
-def _pids_matching(text: str) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != os.getpid():
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if text.encode() in f.read():
-                        pids.append(int(d))
-            except OSError:
-                continue
-    return pids
-
-
-def _terminate_matching(text: str) -> None:
-    """SIGTERM, then SIGKILL after 15 s, every process whose command line contains ``text``."""
-    import signal
-
-    for pid in _pids_matching(text):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + 15
-    while _pids_matching(text) and time.time() < deadline:
-        time.sleep(0.2)
-    for pid in _pids_matching(text):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _ray_job(address: str, *args, timeout=420) -> subprocess.CompletedProcess:
@@ -123,7 +70,9 @@ def _submit_args(out_dir: Path, *extra: str, submission_id: str, no_wait: bool =
 def _status(address: str, sid: str) -> str:
     from ray.job_submission import JobSubmissionClient
 
-    return str(JobSubmissionClient(address).get_job_status(sid).value)
+    token = Path(_env()["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    return str(JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"})
+               .get_job_status(sid).value)
 
 
 def test_submit_training_job(head, tmp_path):
