@@ -5,8 +5,8 @@ and 1 fake logical GPU (so fractional-GPU actors schedule on CPU-only CI). It is
 ``fedray.core.ray_env.ensure_ray``, like every local run: bound to 127.0.0.1 only, token authentication on
 (fedray's token file; subprocesses of the tests inherit RAY_AUTH_MODE / RAY_AUTH_TOKEN_PATH from it).
 
-Helpers that test files import (ROOT, small_config) are in tests/helpers.py: no test file imports
-conftest or another test file.
+Helpers that test files import (ROOT, small_config, ...) are in tests/helpers.py, or in a helper module of a
+subdirectory (tests/tuning/studies.py, ...): no test file imports conftest or another test file.
 """
 
 from __future__ import annotations
@@ -41,3 +41,22 @@ def ray_session():
 def partition_cache(tmp_path_factory):
     """One partition cache shared by the whole run, so identical partitions are built once."""
     return tmp_path_factory.mktemp("partitions")
+
+
+@pytest.fixture(scope="module")
+def _cached_sources():
+    """Parse each data source once for the module that uses this fixture (its runs differ only in algorithm,
+    model and options); modules opt in with ``pytestmark = pytest.mark.usefixtures("_cached_sources")``."""
+    import fedray.data.sources as sources
+
+    original, cache = sources.load_source, {}
+
+    def cached(name, root=None, **params):
+        key = (name, root, repr(sorted(params.items())))
+        if key not in cache:
+            cache[key] = original(name, root, **params)
+        return cache[key]
+
+    sources.load_source = cached
+    yield
+    sources.load_source = original

@@ -1,4 +1,5 @@
-"""Helpers imported by test files in several directories (fixtures are in tests/conftest.py)."""
+"""Helpers imported by test files in several directories (fixtures are in tests/conftest.py; helpers of one
+directory in a module there, e.g. tests/tuning/studies.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ def small_config(tmp_path, partition_cache, **over) -> dict:
         "engine": {"backend": "local", "num_workers": 1},
         "output": {"root": str(tmp_path / "runs"), "checkpoint_every": 1, "tensorboard": False, "progress": False},
     }
+    return set_nested(cfg, over)
+
+
+def set_nested(cfg: dict, over: dict) -> dict:
+    """Set ``over``'s values in ``cfg`` in place, a key ``a__b__c`` naming ``cfg["a"]["b"]["c"]``; returns ``cfg``."""
     for key, value in over.items():
         node = cfg
         parts = key.split("__")
@@ -27,6 +33,58 @@ def small_config(tmp_path, partition_cache, **over) -> dict:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     return cfg
+
+
+def synthetic_experiment(tmp_path, partition_cache, **over) -> dict:
+    """``small_config`` on the synthetic natural-partition source (60 clients, an MLP), then ``over``."""
+    cfg = small_config(tmp_path, partition_cache,
+                       data__source="synthetic", data__normalize=False,
+                       data__params={"num_clients": 60, "samples_per_client_mean": 12, "min_samples": 3,
+                                     "size_sigma": 0.5},
+                       data__partition={"name": "natural", "num_clients": 60, "params": {}},
+                       model__name="mlp", model__params={"hidden": [16]}, train__clients_per_round=5)
+    return set_nested(cfg, over)
+
+
+def run_quiet(cfg: dict, **kw):
+    """``run_experiment`` of a config dict, with no progress bar and no log lines."""
+    from fedray.config import from_dict
+    from fedray.engine.runner import run_experiment
+
+    return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None, **kw)
+
+
+# ------------------------------------------------------------------ the FedCCL family and robustness runs
+TINY_CNN4 = {"name": "cnn4", "params": {"channels": [4, 8], "embed_dim": 16}}
+
+
+def cnn4_config(tmp_path, partition_cache, alg, params=None, **over):
+    """A tiny ``cnn4`` run of ``alg``: 10 clients with a skewed Dirichlet partition, 2 rounds of 3."""
+    base = dict(
+        data__normalize=True,
+        data__partition={"name": "dirichlet", "num_clients": 10, "params": {"alpha": 0.05}},
+        model=TINY_CNN4,
+        algorithm={"name": alg, "params": params or {}},
+        train={"rounds": 2, "clients_per_round": 3, "batch_size": 64, "lr": 0.05},
+    )
+    base.update(over)
+    return small_config(tmp_path, partition_cache, **base)
+
+
+# ------------------------------------------------------------------ split learning runs
+SPLIT_METHODS = ["scala", "splitfed_v1", "splitfed_v2", "splitfed_v3", "sfl_local_loss"]
+TINY_ALEXNET = {"channels": [4, 8, 8, 8, 8], "fc": [16, 16]}
+CPC = {"name": "classes_per_client", "num_clients": 100, "params": {"classes": 2}}
+
+
+def split_config(tmp_path, partition_cache, name, params=None, model_params=None, **over):
+    """A tiny ``alexnet_split`` run of ``name`` (a split method or an FL baseline), 2 classes per client."""
+    algo_params = {"batch_size": 40, "local_iters": 2} if name in SPLIT_METHODS else {}
+    algo_params.update(params or {})
+    over = {"data__partition": CPC, "train__rounds": 2, "train__clients_per_round": 4, **over}
+    return small_config(tmp_path, partition_cache, model={"name": "alexnet_split",
+                                                          "params": {**TINY_ALEXNET, **(model_params or {})}},
+                        algorithm={"name": name, "params": algo_params}, **over)
 
 
 # ------------------------------------------------------------------ a `ray start --head` of a test module's own

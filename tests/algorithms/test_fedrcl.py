@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.algorithms import ALGORITHMS, ClientContext, build_algorithm
+from fedray.algorithms import ALGORITHMS, build_algorithm
 from fedray.algorithms.base import local_sgd
-from fedray.config import ConfigError, TrainConfig, from_dict
+from fedray.config import ConfigError, from_dict
 from fedray.engine.runner import run_experiment
 from fedray.engine.state import ClientStateStore
 from fedray.core.weights import FlatParams
 from fedray.reporting.rundir import RunDir
+from tests.algorithms.clients import tiny_taps_model as _tiny_model, toy_context as _ctx
 from tests.helpers import ROOT, small_config
 
 FAMILY = ["fedrcl", "fedscl", "fedcl", "fitnet", "moon", "fedlc", "fedntd", "feddecorr", "fedmlb", "fedproc", "feddyn"]
@@ -31,23 +32,7 @@ TINY = {"name": "cnn_taps", "params": {"widths": [8, 8, 16, 16]}}
 # FedProc's weight alpha_r = 1 - (r-1)/(R-1) is 0 in the last round: with R = 2 it would be plain CE twice
 ROUNDS = {"fedproc": 3}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _cached_sources():
-    """Parse each data source once for this module (the runs differ only in algorithm and options)."""
-    import fedray.data.sources as sources
-
-    original, cache = sources.load_source, {}
-
-    def cached(name, root=None, **params):
-        key = (name, root, repr(sorted(params.items())))
-        if key not in cache:
-            cache[key] = original(name, root, **params)
-        return cache[key]
-
-    sources.load_source = cached
-    yield
-    sources.load_source = original
+pytestmark = pytest.mark.usefixtures("_cached_sources")  # tests/conftest.py
 
 
 def _cfg(tmp_path: Path, partition_cache, alg: str, params: dict | None = None, **over) -> dict:
@@ -193,28 +178,6 @@ def test_fedacg_proximal_term_applies_to_any_algorithm(tmp_path, partition_cache
     w_prox, w_acg, w_plain = _final_weights(prox), _final_weights(acg), _final_weights(plain)
     assert np.abs(w_acg - w_prox).max() < 1e-6
     assert np.abs(w_plain - w_prox).max() > 1e-4  # the proximal term does change the result
-
-
-def _ctx(model, global_w, prox_mu=0.0, state=None, labels=None, rnd=1):
-    flat = FlatParams(model)
-    flat.load(global_w)
-    rng = np.random.default_rng(0)
-    labels = np.arange(12) % 3 if labels is None else labels
-    images = rng.integers(0, 255, size=(len(labels), 1, 28, 28), dtype=np.uint8)
-    from fedray.data.table import DatasetMeta
-
-    meta = DatasetMeta(name="toy", num_classes=10, shape=(1, 28, 28), mean=(0.5,), std=(0.25,))
-    return ClientContext(cid=3, rnd=rnd, seed=0, model=model, flat=flat, global_weights=global_w, images=images,
-                         labels=labels.astype(np.int64), meta=meta,
-                         train=TrainConfig(batch_size=6, lr=0.05), device=torch.device("cpu"), normalize=True,
-                         state=state, num_classes=10, model_factory=_tiny_model, prox_mu=prox_mu)
-
-
-def _tiny_model():
-    from fedray.models import build_model
-
-    torch.manual_seed(0)
-    return build_model("cnn_taps", in_channels=1, image_size=28, num_classes=10, widths=[4, 4, 8, 8])
 
 
 def test_feddyn_server_correction_matches_formula():

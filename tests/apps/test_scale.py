@@ -6,26 +6,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from fedray.config import ConfigError
-from tests.helpers import small_config
+from tests.helpers import synthetic_experiment as _synthetic_experiment
 
 
 # ------------------------------------------------------------------------------------ scaling table
-def _synthetic_experiment(tmp_path, partition_cache, **over) -> dict:
-    cfg = small_config(tmp_path, partition_cache,
-                       data__source="synthetic", data__normalize=False,
-                       data__params={"num_clients": 60, "samples_per_client_mean": 12, "min_samples": 3,
-                                     "size_sigma": 0.5},
-                       data__partition={"name": "natural", "num_clients": 60, "params": {}},
-                       model__name="mlp", model__params={"hidden": [16]}, train__clients_per_round=5)
-    for key, value in over.items():
-        node = cfg
-        parts = key.split("__")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return cfg
-
-
 def test_scaling_table_has_the_documented_columns(tmp_path, partition_cache):
     from fedray.apps.scale import COLUMNS, load_scale, run_scale
 

@@ -7,14 +7,7 @@ import pytest
 
 from fedray.data.formats import bilinear_matrix, cached_arrays, resize_bilinear, stratified_split, stratified_subset
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_dir(tmp_path_factory):
-    """A private cache directory for the whole module (the user cache is never touched)."""
-    with pytest.MonkeyPatch.context() as mp:
-        d = tmp_path_factory.mktemp("fedray_cache")
-        mp.setenv("FEDRAY_CACHE_DIR", str(d))
-        yield d
+pytestmark = pytest.mark.usefixtures("_cache_dir")  # tests/data/conftest.py
 
 
 def test_bilinear_matrix_half_pixel_rule():

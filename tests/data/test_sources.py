@@ -22,14 +22,7 @@ from fedray.data.formats import read_idx, resize_bilinear, stratified_split
 from fedray.data.sources import SOURCES, list_sources, load_source
 from fedray.data.table import DataError, meta_of
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_dir(tmp_path_factory):
-    """A private cache directory for the whole module (the user cache is never touched)."""
-    with pytest.MonkeyPatch.context() as mp:
-        d = tmp_path_factory.mktemp("fedray_cache")
-        mp.setenv("FEDRAY_CACHE_DIR", str(d))
-        yield d
+pytestmark = pytest.mark.usefixtures("_cache_dir")  # tests/data/conftest.py
 
 
 def _rng(seed=0):

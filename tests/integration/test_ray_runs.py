@@ -9,7 +9,7 @@ import pytest
 from fedray.config import from_dict
 from fedray.engine.runner import run_experiment
 from fedray.reporting.rundir import RunDir
-from tests.helpers import small_config
+from tests.helpers import small_config, synthetic_experiment as _synthetic_experiment
 
 
 def _run(cfg: dict, **kw):
@@ -54,23 +54,6 @@ def test_fractional_gpu_workers_schedule_on_fake_gpu(tmp_path, partition_cache, 
     assert ray_session.available_resources().get("GPU", 0.0) == 1.0
     workers = {r["worker"] for r in RunDir(res.run_dir).read_ledger().to_pylist()}
     assert len(workers) >= 2
-
-
-# ------------------------------------------------------------------------------------ scaling table
-def _synthetic_experiment(tmp_path, partition_cache, **over) -> dict:
-    cfg = small_config(tmp_path, partition_cache,
-                       data__source="synthetic", data__normalize=False,
-                       data__params={"num_clients": 60, "samples_per_client_mean": 12, "min_samples": 3,
-                                     "size_sigma": 0.5},
-                       data__partition={"name": "natural", "num_clients": 60, "params": {}},
-                       model__name="mlp", model__params={"hidden": [16]}, train__clients_per_round=5)
-    for key, value in over.items():
-        node = cfg
-        parts = key.split("__")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return cfg
 
 
 # ------------------------------------------------------------------------------------ memory

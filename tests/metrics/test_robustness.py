@@ -7,45 +7,9 @@ import pytest
 import torch
 
 from fedray.config import ConfigError, from_dict
-from tests.helpers import small_config
+from tests.helpers import cnn4_config as _cfg, run_quiet as _run, small_config
 
-TINY_MODEL = {"name": "cnn4", "params": {"channels": [4, 8], "embed_dim": 16}}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _cached_sources():
-    """Parse each data source once for this module (the runs differ only in algorithm and model)."""
-    import fedray.data.sources as sources
-
-    original, cache = sources.load_source, {}
-
-    def cached(name, root=None, **params):
-        key = (name, root, repr(sorted(params.items())))
-        if key not in cache:
-            cache[key] = original(name, root, **params)
-        return cache[key]
-
-    sources.load_source = cached
-    yield
-    sources.load_source = original
-
-
-def _cfg(tmp_path, partition_cache, alg, params=None, **over):
-    base = dict(
-        data__normalize=True,
-        data__partition={"name": "dirichlet", "num_clients": 10, "params": {"alpha": 0.05}},
-        model=TINY_MODEL,
-        algorithm={"name": alg, "params": params or {}},
-        train={"rounds": 2, "clients_per_round": 3, "batch_size": 64, "lr": 0.05},
-    )
-    base.update(over)
-    return small_config(tmp_path, partition_cache, **base)
-
-
-def _run(cfg):
-    from fedray.engine.runner import run_experiment
-
-    return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None)
+pytestmark = pytest.mark.usefixtures("_cached_sources")  # tests/conftest.py
 
 
 def test_adversarial_eval_hook_reports_clean_fgsm_pgd(tmp_path, partition_cache):
