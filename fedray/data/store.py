@@ -30,7 +30,6 @@ enters the hash (stays 1); ``LAYOUT_VERSION`` (meta.json ``layout``, absent = 1)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -39,19 +38,19 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .checksum import buffer_crc32, check_shards
-from .partition import canonical_params, label_stats, partition_indices
+from .partition import label_stats, partition_indices
+from .spec_hash import FORMAT_VERSION, content_fingerprint, partition_hash, resolve_spec
 from .table import META_KEY, DataBundle, DatasetMeta, DataError, Split, images_of
 
 __all__ = ["FORMAT_VERSION", "LAYOUT_VERSION", "PartitionStore", "build_partition", "content_fingerprint", "partition_hash", "resolve_spec"]
 
-FORMAT_VERSION = 1  # enters partition_hash: changing it renames every cached partition
 LAYOUT_VERSION = 2  # meta.json "layout"; not hashed. 1: no shard checksums, 2: manifest shard_crc32
 COMPLETE_MARKER = "_COMPLETE"
 META_FILE = "meta.json"
@@ -70,84 +69,6 @@ _LAYOUT1_SCHEMA = pa.schema(
     ]
 )
 _MANIFEST_SCHEMA = _LAYOUT1_SCHEMA.append(pa.field("shard_crc32", pa.uint32()))
-
-
-# ----------------------------------------------------------------------------------------------
-# spec and hash
-
-
-def _jsonable(key: str, value: Any) -> Any:
-    """Plain JSON value for a spec entry (numpy scalars/arrays and tuples converted)."""
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, (np.bool_,)):
-        return bool(value)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(key, v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(f"{key}.{k}", v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise DataError(f"partition spec field {key!r}: value {value!r} of type {type(value).__name__} is not JSON-serialisable")
-
-
-def resolve_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """Validate a partition spec ``{"name", "num_clients", "seed", **params}`` and return it with every
-    partitioner default filled in and values coerced to canonical JSON types."""
-    if not isinstance(spec, dict):
-        raise DataError(f"partition spec must be a mapping, got {type(spec).__name__}")
-    for key in ("name", "num_clients", "seed"):
-        if key not in spec:
-            raise DataError(f"partition spec is missing the field {key!r} (got fields {sorted(spec)})")
-    name = spec["name"]
-    if not isinstance(name, str):
-        raise DataError(f"partition spec field 'name' must be a string, got {name!r}")
-    num_clients = spec["num_clients"]
-    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
-        raise DataError(f"partition spec field 'num_clients' must be an integer >= 1, got {num_clients!r}")
-    seed = spec["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise DataError(f"partition spec field 'seed' must be a non-negative integer, got {seed!r}")
-    params = {k: _jsonable(k, v) for k, v in spec.items() if k not in ("name", "num_clients", "seed")}
-    params = canonical_params(name, params, num_clients=int(num_clients))
-    return {"name": name, "num_clients": int(num_clients), "seed": int(seed), **params}
-
-
-def _canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
-def partition_hash(fingerprint: str, spec: dict[str, Any], parts: list[np.ndarray]) -> str:
-    """16 hex characters of sha256 over (format, fingerprint, resolved spec) and the index arrays."""
-    h = hashlib.sha256()
-    h.update(_canonical_json({"format": FORMAT_VERSION, "fingerprint": fingerprint, "spec": spec}))
-    sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    h.update(sizes.astype("<i8").tobytes())
-    for p in parts:
-        h.update(np.ascontiguousarray(p, dtype="<i8").tobytes())
-    return h.hexdigest()[:16]
-
-
-def content_fingerprint(split: Split) -> str:
-    """A fingerprint of a split's content (metadata, labels, images, domains) for bundles that carry
-    no ``fingerprint`` of their own."""
-    h = hashlib.sha256()
-    h.update(split.meta.to_json().encode())
-    table = split.table
-    for name in ("label", "image", "domain", "client"):
-        if name not in table.column_names:
-            continue
-        h.update(name.encode())
-        col = table.column(name)
-        if name == "image":
-            h.update(np.ascontiguousarray(images_of(table, split.meta)).tobytes())
-        else:
-            h.update(np.ascontiguousarray(col.to_numpy()).tobytes())
-    return "content:" + h.hexdigest()[:32]
 
 
 # ----------------------------------------------------------------------------------------------
