@@ -105,6 +105,7 @@ class EarlyStart:
         self.actors: Actors | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self.ray_seconds: float | None = None  # when Ray was up (joined or started), from t0
         self._set_sigterm_handler()
         self.thread = threading.Thread(target=self._run, name="fedray-early-start", daemon=True)
         self.thread.start()
@@ -126,6 +127,7 @@ class EarlyStart:
         try:
             e = self.cfg.engine
             started = ensure_ray(e.object_store_memory, address=self.address, warm=self.warm, log=self.log)
+            self.ray_seconds = time.perf_counter() - self.t0
             self.actors = start_actors(self.cfg)
         except BaseException as err:  # noqa: BLE001 - re-raised by result() in the main thread
             self.error = err

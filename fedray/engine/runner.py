@@ -49,6 +49,7 @@ class RunResult:
     weights_hash: str = ""
     final: dict = field(default_factory=dict)
     startup_seconds: float = 0.0
+    startup_phases: dict = field(default_factory=dict)  # seconds from the start: data ready, Ray up, actors ready
     rounds_seconds: float = 0.0
     interrupted: bool = False
     stopped_early: bool = False
@@ -489,6 +490,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
             early.abort()
         raise
     run.t_start = t0
+    data_s = time.perf_counter() - t0
     cfg = run.cfg
     if ray_address:
         cfg.engine.ray_address = ray_address  # not hashed: the same run on another cluster
@@ -499,9 +501,11 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         info = engine.ready()
         start_round = _resume_state(run, engine, log)
         result.startup_seconds = startup = time.perf_counter() - run.t_start
+        result.startup_phases = {"data": data_s, "ray": getattr(early, "ray_seconds", None), "ready": startup}
+        ray_s = f", Ray up at {early.ray_seconds:.1f} s" if getattr(early, "ray_seconds", None) is not None else ""
         log(f"[fedray] run {run.rd.path} | {cfg.algorithm.name} on {cfg.data.source} | {run.store.num_clients} "
             f"clients, {cfg.train.clients_per_round}/round | {info['workers']} {cfg.engine.backend} workers | "
-            f"{info['num_params']:,} params | start-up {startup:.1f} s")
+            f"{info['num_params']:,} params | start-up {startup:.1f} s (data ready at {data_s:.1f} s{ray_s})")
         result.rounds = run.rd.read_metrics()
         loop = RoundLoop(run, engine, _callbacks(run, cfg.output.progress if progress is None else progress, on_round,
                                                  log), result, log)
