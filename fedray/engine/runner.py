@@ -105,6 +105,7 @@ class Run:
     store: object
     resume: bool
     t_start: float
+    early: EarlyStart | None = None  # Ray and the actors, started while the data loaded (fedray.engine.launch)
 
     @property
     def state_path(self) -> str:
@@ -164,12 +165,11 @@ class CoordinatorLost(RuntimeError):
 
 class Engine:
     """The coordinator of a run, as a Ray actor (``engine.backend: ray``) or in this process. A coordinator
-    actor that died is replaced by :meth:`restart` (the loop then loads the last checkpoint into it).
+    actor that died is replaced by :meth:`restart` (the loop then loads the last checkpoint into it). With
+    ``run.early``, the actors it starts are the ones started while the driver loaded the data."""
 
-    ``early``: the run's Ray and actors, started while the driver loaded the data (:mod:`fedray.engine.launch`)."""
-
-    def __init__(self, run: Run, early: EarlyStart | None = None):
-        cfg = run.cfg
+    def __init__(self, run: Run):
+        cfg, early = run.cfg, run.early
         self.run = run
         self.cfg_dict = cfg.to_dict()
         self.cfg_dict.pop("source_path", None)
@@ -489,7 +489,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         if early is not None:
             early.abort()
         raise
-    run.t_start = t0
+    run.t_start, run.early = t0, early
     data_s = time.perf_counter() - t0
     cfg = run.cfg
     if ray_address:
@@ -497,7 +497,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     result = RunResult(run_dir=run.rd.path)
     engine = None
     try:
-        engine = Engine(run, early)
+        engine = Engine(run)
         info = engine.ready()
         start_round = _resume_state(run, engine, log)
         result.startup_seconds = startup = time.perf_counter() - run.t_start
