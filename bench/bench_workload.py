@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,7 +111,7 @@ class TreeSampler(threading.Thread):
             if self.warm_temp:  # a warm run's actors are children of the `fedray up` raylet, not of the driver
                 from fedray.core.ray_up import cluster_pids
 
-                pids |= set(cluster_pids(self.warm_temp))
+                pids |= set(cluster_pids(self.warm_temp))  # the cluster's processes and their descendants
             for p in pids:
                 a, b = _mem(p)
                 pss += a
@@ -153,9 +154,9 @@ def run_one(cmd: list[str], root: Path = ROOT, warm_temp: str | None = None) -> 
     return res
 
 
-#: The benchmark's `fedray up` keeps its record (and token) in a cache of its own, so no other `fedray run`
-#: of the machine joins it; the decoded datasets stay in the usual cache.
-WARM_CACHE = tempfile.mkdtemp(prefix="fedray-bench-up-")
+#: The benchmark's `fedray up` keeps its record (and token) in a cache of its own (made by _warm_up), so no
+#: other `fedray run` of the machine joins it; the decoded datasets stay in the usual cache.
+WARM_CACHE: str | None = None
 
 
 def _warm_env() -> dict:
@@ -167,6 +168,8 @@ def _warm_env() -> dict:
 
 def _warm_up() -> dict:
     """`fedray up` (2 logical CPUs, the workers' and coordinator's), the record of the cluster it started."""
+    global WARM_CACHE
+    WARM_CACHE = tempfile.mkdtemp(prefix="fedray-bench-up-")
     subprocess.run([sys.executable, "-m", "fedray", "up", "--num-cpus", "2"], env=_warm_env(), cwd=ROOT, check=True)
     rec = json.loads((Path(WARM_CACHE) / "fedray" / "ray" / "up.json").read_text())
     time.sleep(5)  # its agents finish starting before anything is timed
@@ -231,8 +234,9 @@ def main(argv=None):
                           f"wall {r.get('wall_s', 0):.1f} s  acc {r['accuracy']:.3f}  hash {r['weights_hash']}",
                           file=sys.stderr)
     finally:
-        if warm is not None:
+        if WARM_CACHE is not None:
             subprocess.run([py, "-m", "fedray", "down"], env=_warm_env(), cwd=ROOT, check=False)
+            shutil.rmtree(WARM_CACHE, ignore_errors=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(raw, indent=1))

@@ -46,17 +46,27 @@ def _free_port() -> int:
 
 
 def cluster_pids(temp_dir: str) -> list[int]:
-    """Processes whose command line contains ``temp_dir`` (every process of a head started with it)."""
-    me, out = os.getpid(), []
+    """The processes of the head started with ``temp_dir``: those whose command line contains it (GCS,
+    raylet, agents) and their descendants (Ray's workers, whose titles Ray rewrites to ``ray::...``)."""
+    me, marked, children = os.getpid(), [], {}
     for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != me:
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if temp_dir.encode() in f.read():
-                        out.append(int(d))
-            except OSError:
-                continue
-    return out
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if temp_dir.encode() in f.read():
+                    marked.append(int(d))
+            with open(f"/proc/{d}/stat") as f:
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    out, stack = set(), list(marked)
+    while stack:
+        pid = stack.pop()
+        if pid not in out and pid != me:
+            out.add(pid)
+            stack.extend(children.get(pid, []))
+    return sorted(out)
 
 
 def _gcs_pid(temp_dir: str) -> int | None:
