@@ -221,9 +221,9 @@ def main(argv=None):
     if args.flower:
         fpy = str(ensure_flower_venv())
         impls["flower-2a"] = lambda w: [fpy, str(HERE / "workload_flower.py"), "--workload", w, "--actors", "2"]
-    warm = _warm_up() if "fedray-2w-warm" in impls else None
     raw = []
     try:
+        warm = _warm_up() if "fedray-2w-warm" in impls else None
         for w in args.workloads:
             for rep in range(args.reps):
                 for name, cmd in impls.items():  # interleaved, so drift hits every implementation alike
