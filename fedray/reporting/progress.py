@@ -31,7 +31,9 @@ class ProgressBar:
         if bars_on(enabled):
             from tqdm import tqdm
 
-            self.bar = tqdm(total=int(total), initial=int(initial), unit=unit, desc=desc, dynamic_ncols=True)
+            # disable=False: whether to show it was decided above (tqdm reads TQDM_DISABLE once, at import)
+            self.bar = tqdm(total=int(total), initial=int(initial), unit=unit, desc=desc, dynamic_ncols=True,
+                            disable=False)
 
     @property
     def active(self) -> bool:
