@@ -176,9 +176,10 @@ class Trackers(Callback):
             old = self.state.get(t.name, {})
             try:
                 st = t.start(old, config, self.tags, self.log)
-            except ConfigError:
-                raise
             except Exception as e:  # noqa: BLE001 - a wrong URI, an unreachable server, no login: before any work
+                self.finish("failed", {})  # the ones already started
+                if isinstance(e, ConfigError):
+                    raise
                 raise ConfigError(f"output.{t.name}: cannot start the {t.name} run: {type(e).__name__}: "
                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
             last = 0 if st.pop("new") else int(old.get("last_round", 0))

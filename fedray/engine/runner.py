@@ -104,6 +104,7 @@ class Run:
     store: object
     resume: bool
     t_start: float
+    trackers: Trackers  # the MLflow / W&B runs it mirrors into (started), possibly none
 
     @property
     def state_path(self) -> str:
@@ -146,15 +147,17 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
         _claim_run_dir(rd, overwrite)
     rd.create()
+    info = {"config_hash": config_hash(cfg), "partition_hash": store.hash, "source": cfg.data.source,
+            "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
+            "python": platform.python_version(), "status": "running",
+            "num_clients": int(store.num_clients), "partition_path": str(store.path)}
+    trackers = Trackers(rd, open_trackers(cfg, rd.path, rd.path.name), log)
+    trackers.start(cfg, info)  # one that cannot start fails here, before run.json claims the directory
     if resume is None:
         atomic_write_text(rd.path / "config.yaml", dump_config(cfg))
-    rd.write_json("run.json", {
-        "config_hash": config_hash(cfg), "partition_hash": store.hash, "source": cfg.data.source,
-        "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
-        "python": platform.python_version(), "status": "running",
-        "num_clients": int(store.num_clients), "partition_path": str(store.path),
-    })
-    return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start)
+    rd.write_json("run.json", info)
+    return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start,
+               trackers=trackers)
 
 
 class CoordinatorLost(RuntimeError):
@@ -486,10 +489,8 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     if ray_address:
         cfg.engine.ray_address = ray_address  # not hashed: the same run on another cluster
     result = RunResult(run_dir=run.rd.path)
-    engine = None
-    trackers = Trackers(run.rd, open_trackers(cfg, run.rd.path, run.rd.path.name), log)
+    engine, trackers = None, run.trackers
     try:
-        trackers.start(cfg, run.rd.read_json("run.json"))  # a tracker that cannot start: before the engine
         engine = Engine(run)
         info = engine.call("ready")
         start_round = _resume_state(run, engine, log)

@@ -84,3 +84,13 @@ def test_show_lists_the_tracker_runs(tracked_run):
     st = RunDir(res.run_dir).read_json("trackers.json")
     assert f"mlflow:          run {st['mlflow']['run_id']} (sqlite:///" in text
     assert f"wandb:           run {st['wandb']['run_id']} (offline it in " in text and "rounds 1-3" in text
+
+
+def test_a_tracker_that_cannot_start_fails_before_the_run_claims_its_directory(tmp_path, partition_cache):
+    from fedray.config import ConfigError
+
+    cfg = from_dict(synthetic_experiment(tmp_path, partition_cache, train__rounds=1, output__name="bad",
+                                         output__mlflow={"enabled": True, "tracking_uri": "bogus://nowhere"}))
+    with pytest.raises(ConfigError, match=r"^output\.mlflow: cannot start the mlflow run: .*bogus"):
+        run_experiment(cfg, progress=False, log=lambda *a: None)
+    assert not RunDir(tmp_path / "runs" / "bad").holds_run()  # fix the URI and run again: no --overwrite needed
