@@ -45,6 +45,8 @@ logger = logging.getLogger("fedray")
 #: Ray's switch that pins the node IP to loopback (named for Windows/macOS, honoured on every platform).
 LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 CONNECT_TIMEOUT_S = 5.0
+#: The fedray package this process runs (a `fedray up` cluster records the one its workers import).
+FEDRAY_DIR = Path(__file__).resolve().parents[1]
 #: ``ray.init`` arguments that make sense when joining a cluster (the rest size a local instance).
 _CONNECT_KWARGS = {"configure_logging", "logging_level", "logging_format", "namespace", "runtime_env"}
 
@@ -147,6 +149,12 @@ def read_warm_record(log=None) -> dict | None:
             alive = False
     if not alive:
         _drop_record(path, f"its Ray at {address} is gone", log)
+        return None
+    here = str(FEDRAY_DIR)
+    if rec.get("fedray", here) != here:  # its workers import another checkout's fedray than this driver's
+        (log or _warn)(f"[fedray] not using the `fedray up` Ray at {address}: its workers run fedray from "
+                       f"{rec['fedray']}, this run's fedray is {here}; starting a local Ray instead "
+                       f"(`fedray down` and `fedray up` from this checkout to use a warm Ray)")
         return None
     return rec
 

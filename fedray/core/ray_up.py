@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from fedray.core.io import atomic_write_text
-from fedray.core.ray_env import local_ray_env, read_warm_record, warm_record_path
+from fedray.core.ray_env import FEDRAY_DIR, local_ray_env, read_warm_record, warm_record_path
 
 __all__ = ["PRELOAD_MODULES", "cluster_pids", "down", "up"]
 
@@ -126,7 +126,7 @@ def up(num_cpus: int | None = None, num_gpus: int | None = None, object_store_me
         raise RuntimeError(f"fedray up: `ray start --head` failed (exit {out.returncode}):\n"
                            f"{(out.stdout + out.stderr)[-3000:]}")
     rec = {"address": f"127.0.0.1:{gcs}", "temp_dir": temp, "gcs_pid": pid,
-           "token_path": env.get("RAY_AUTH_TOKEN_PATH"), "python": sys.executable,
+           "token_path": env.get("RAY_AUTH_TOKEN_PATH"), "python": sys.executable, "fedray": str(FEDRAY_DIR),
            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "preload": list(PRELOAD_MODULES)}
     path = warm_record_path()

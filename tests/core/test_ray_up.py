@@ -96,6 +96,22 @@ def test_stale_record_is_dropped_with_a_notice(monkeypatch, tmp_path):
     assert ray_env.read_warm_record(lines.append) is None and len(lines) == 3  # no record: silent
 
 
+def test_record_of_another_checkout_is_not_joined(monkeypatch, tmp_path):
+    """A running `fedray up` cluster whose workers import another checkout's fedray is not joined (the workers
+    would run other code than the driver); its record stays for the checkout that made it."""
+    with socket.socket() as s:  # a live "GCS": this process (its command line holds sys.executable), a port
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        lines = []
+        path = _record(monkeypatch, tmp_path, {"address": f"127.0.0.1:{s.getsockname()[1]}",
+                                               "temp_dir": sys.executable, "gcs_pid": os.getpid(),
+                                               "fedray": "/elsewhere/fedray"})
+        assert ray_env.read_warm_record(lines.append) is None
+        assert "its workers run fedray from /elsewhere/fedray" in lines[-1] and path.exists()
+        path.write_text(json.dumps({**json.loads(path.read_text()), "fedray": str(ray_env.FEDRAY_DIR)}))
+        assert ray_env.read_warm_record(lines.append)["gcs_pid"] == os.getpid() and len(lines) == 1
+
+
 def test_down_refuses_a_foreign_temp_dir(monkeypatch, tmp_path):
     """`fedray down` stops processes by the recorded temp dir only when it is one `fedray up` made."""
     _record(monkeypatch, tmp_path, {"address": "127.0.0.1:1", "temp_dir": "/tmp/ray", "gcs_pid": 1})
