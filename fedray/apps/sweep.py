@@ -89,7 +89,8 @@ def point_row(spec: SweepSpec, i: int, status: str, **extra) -> dict:
 
     p = spec.points[i]
     rd = RunDir(p.run_dir)
-    row = {"point": i, **p.values, "status": status, "run_dir": str(p.run_dir), "config_hash": p.hash,
+    row = {c: None for c in COLUMNS}
+    row |= {"point": i, **p.values, "status": status, "run_dir": str(p.run_dir), "config_hash": p.hash,
            "rounds_total": p.rounds}
     if rd.metrics_path.exists():
         s = summarize(rd)
@@ -243,6 +244,8 @@ class _Runner:
     def __init__(self, spec: SweepSpec, slices: dict, log):
         self.spec, self.slices, self.log = spec, slices, log
         self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.rows: list[dict] = []
         kill = os.environ.get(KILL_ENV, "")
         self.kill_at = tuple(int(x) for x in kill.split(":")) if kill else None
         (spec.output_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -260,8 +263,16 @@ class _Runner:
         cfg = from_dict(apply_slice(json.loads(json.dumps(p.config)), self.slices))
         return "run", {"cfg": cfg, "overwrite": status is not None}
 
+    def update(self, i: int, row: dict) -> None:
+        """Row ``i`` of sweep.parquet, rewritten atomically (from any thread)."""
+        with self.lock:
+            self.rows[i] = row
+            write_parquet(self.spec, self.rows, self.spec.output_dir / "sweep.parquet")
+
     def run_point(self, i: int, kw: dict) -> dict:
         from fedray.engine.runner import run_experiment
+
+        self.update(i, {**self.rows[i], "status": "running"})
 
         path = self.spec.output_dir / "logs" / f"p{i:03d}.log"
 
@@ -328,7 +339,8 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
     atomic_write_text(out / RECORD, json.dumps(_record(spec, slices), indent=1, default=str) + "\n")
     _prepare(spec, log)
     runner = _Runner(spec, slices, log)
-    rows = [point_row(spec, p.index, "pending") for p in spec.points]
+    rows = runner.rows
+    rows.extend(point_row(spec, p.index, "pending") for p in spec.points)
     todo = []
     for p in spec.points:
         what, kw = runner.plan(p.index, resume)
@@ -350,8 +362,7 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
         prev = signal.signal(signal.SIGTERM, on_sigterm)
 
     def settle(fut, i: int) -> None:
-        rows[i] = fut.result()
-        write_parquet(spec, rows, out / "sweep.parquet")  # after every point: a killed sweep keeps what it has
+        runner.update(i, fut.result())  # after every point: a killed sweep keeps what it has
         r = rows[i]
         acc = "" if r.get("accuracy") is None or math.isnan(r["accuracy"]) else f" accuracy {r['accuracy']:.4f}"
         how = "" if r.get("resumed_from") is None else f" (resumed from round {r['resumed_from']})"
@@ -378,7 +389,6 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
                     fut.cancel()
                 for fut in cf.as_completed([f for f in running if not f.cancelled()]):
                     settle(fut, running.pop(fut))
-                write_parquet(spec, rows, out / "sweep.parquet")
     finally:
         bar.close()
         if prev is not None:
