@@ -237,14 +237,16 @@ def field_value(fields: dict[str, Any], path: str) -> str:
 
 
 def field_label(fields: dict[str, Any], paths: list[str]) -> str:
-    """The label of a row or column named by ``paths``: one ``...name`` field alone is its bare value (e.g.
-    ``fedrcl``), every other field ``short=value`` (e.g. ``α=0.05``)."""
-    if not paths:
-        return ""
-    if len(paths) == 1 and paths[0].rsplit(".", 1)[-1] == "name":
-        return field_value(fields, paths[0])
-    short = _short_names(paths)
-    return ", ".join(f"{short[p]}={field_value(fields, p)}" for p in paths)
+    """The label of a row or column named by ``paths``: ``...name`` fields as their bare values (e.g. ``fedrcl``),
+    the others as ``short=value`` (e.g. ``α=0.05``), in parentheses after a name; a field the run's config does
+    not hold is left out where a name already labels it (``fedavg`` beside ``fedccl (signals=local)``)."""
+    names = [field_value(fields, p) for p in paths if p.rsplit(".", 1)[-1] == "name"]
+    others = [p for p in paths if p.rsplit(".", 1)[-1] != "name"]
+    short = _short_names(others)
+    pairs = [f"{short[p]}={v}" for p in others if (v := field_value(fields, p)) != "-" or not names]
+    if not names:
+        return ", ".join(pairs)
+    return " ".join(names) + (f" ({', '.join(pairs)})" if pairs else "")
 
 
 def label_by(groups: list[Group], rows: list[str], columns: list[str]) -> None:
