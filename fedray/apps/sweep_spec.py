@@ -191,8 +191,10 @@ def _excluded(data: dict, fields: list[str], combos: list[dict]) -> list[bool]:
     return out
 
 
-def _base(data: dict, here: Path, cli_overrides: list[str]) -> dict:
-    base = data.get("base")
+def read_base(base: Any, here: Path, *, inline: bool = True) -> dict:
+    """The base experiment of a sweep or scale file as a dict: the config file ``base`` names (relative to
+    ``here``; a relative ``data.root`` resolved against it, as ``fedray run`` does) or, with ``inline``, a
+    mapping given in place."""
     if isinstance(base, str):
         bp = Path(base).expanduser()
         bp = bp if bp.is_absolute() else here / bp
@@ -201,11 +203,16 @@ def _base(data: dict, here: Path, cli_overrides: list[str]) -> dict:
         cfg = read_config_file(bp)
         root = cfg.get("data", {}).get("root") if isinstance(cfg.get("data"), dict) else None
         if isinstance(root, str) and not Path(root).expanduser().is_absolute() and (bp.parent / root).exists():
-            cfg["data"]["root"] = str(bp.parent / root)  # as fedray run resolves it
-    elif isinstance(base, dict):
-        cfg = copy.deepcopy(base)
-    else:
-        raise ConfigError(f"base: expected the path of an experiment config or an inline config mapping, got {base!r}")
+            cfg["data"]["root"] = str(bp.parent / root)
+        return cfg
+    if inline and isinstance(base, dict):
+        return copy.deepcopy(base)
+    what = "the path of an experiment config" + (" or an inline config mapping" if inline else "")
+    raise ConfigError(f"base: expected {what}, got {base!r}")
+
+
+def _base(data: dict, here: Path, cli_overrides: list[str]) -> dict:
+    cfg = read_base(data.get("base"), here)
     ovs = data.get("overrides") or []
     if not isinstance(ovs, list) or not all(isinstance(o, str) for o in ovs):
         raise ConfigError(f"overrides: expected a list of a.b=c strings, got {ovs!r}")
