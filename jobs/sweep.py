@@ -2,7 +2,7 @@
 
     ray job submit --working-dir . -- python -m jobs.sweep jobs/sweeps/fedrcl_mnist.yaml \\
         --output-dir /mnt/shared/sweeps/fedrcl_mnist
-    python -m jobs.sweep jobs/sweeps/fedrcl_mnist.yaml seed=0 --dry-run      # list the points
+    python -m jobs.sweep jobs/sweeps/fedrcl_mnist.yaml train.rounds=3 --dry-run   # list the points
     python -m jobs.sweep jobs/sweeps/fedrcl_mnist.yaml --resume              # after `ray job stop` / a crash
 
 Runs every point of the sweep file (docs/sweep.md) and writes sweep.parquet, tables/ and report/ into the

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.config import (ConfigError, ExperimentConfig, apply_overrides, config_hash, from_dict, hashed_fields,
-                           read_config_file)
+                           parse_override, read_config_file)
 from fedray.engine.runner import default_run_name
 from fedray.plugins import check_registries
 from fedray.reporting.seeds import check_metric, field_label
@@ -328,6 +328,11 @@ def load_sweep(path: str | Path | None = None, *, data: dict | None = None, over
     base = _base(data, here, list(overrides or []))
     dims = _dimensions(data)
     fields = [f for d in dims for f in d[0]]
+    for ov in [*(data.get("overrides") or []), *(overrides or [])]:  # an axis' values would silently win
+        path = ".".join(parse_override(ov)[0])
+        clash = [f for f in fields if f == path or f.startswith(path + ".") or path.startswith(f + ".")]
+        if clash:
+            raise ConfigError(f"override {ov!r}: {clash[0]} varies in the sweep (axes: / zip:); change its values there")
     combos = [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*dims)]
     dropped = _excluded(data, fields, combos)
     out = Path(output_dir if output_dir is not None else data.get("output_dir") or f"runs/sweeps/{name}")

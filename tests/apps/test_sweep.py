@@ -42,6 +42,7 @@ def _exit_and_message(capsys, args) -> tuple[int, str]:
     ({"resources": {"workers": 0}}, r"resources\.workers: expected an integer >= 1"),
     ({"paralel": 2}, r"paralel: unknown field in the sweep file"),
     ({"base": "missing.yaml"}, r"base: experiment config .*missing\.yaml' does not exist"),
+    ({"overrides": ["seed=3"]}, r"override 'seed=3': seed varies in the sweep"),
 ])
 def test_bad_sweep_files_exit_2_naming_the_field_and_write_nothing(tmp_path, partition_cache, capsys, over, message):
     out = tmp_path / "out"
