@@ -270,9 +270,16 @@ class _Runner:
             write_parquet(self.spec, self.rows, self.spec.output_dir / "sweep.parquet")
 
     def run_point(self, i: int, kw: dict) -> dict:
+        """Run point ``i``; its row is in sweep.parquet (status running, then its end) before this thread takes
+        the next point."""
+        self.update(i, {**self.rows[i], "status": "running"})
+        row = self._run(i, kw)
+        self.update(i, row)
+        return row
+
+    def _run(self, i: int, kw: dict) -> dict:
         from fedray.engine.runner import run_experiment
 
-        self.update(i, {**self.rows[i], "status": "running"})
 
         path = self.spec.output_dir / "logs" / f"p{i:03d}.log"
 
@@ -362,8 +369,7 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
         prev = signal.signal(signal.SIGTERM, on_sigterm)
 
     def settle(fut, i: int) -> None:
-        runner.update(i, fut.result())  # after every point: a killed sweep keeps what it has
-        r = rows[i]
+        r = fut.result()  # already in sweep.parquet: a killed sweep keeps what it has
         acc = "" if r.get("accuracy") is None or math.isnan(r["accuracy"]) else f" accuracy {r['accuracy']:.4f}"
         how = "" if r.get("resumed_from") is None else f" (resumed from round {r['resumed_from']})"
         bar.update(1)
