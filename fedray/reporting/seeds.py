@@ -9,7 +9,9 @@ averages over.
 A pivot table has one row per method (``algorithm.name``, with ``+server`` when the server optimizer is
 not ``none``) and one column per setting (the other fields that vary between groups, e.g. ``α=0.05``);
 its cells are mean ± std (sample std, ddof=1) of one metric over the seeds, written as Markdown, CSV
-and LaTeX (booktabs, best cell per column in bold).
+and LaTeX (booktabs, best cell per column in bold). ``fedray sweep`` names the rows and columns by config
+fields instead (:func:`label_by`), and its cells may also show ``mean_last5`` or any per-round key of
+metrics.jsonl reduced over the rounds (``last:analysis.effective_rank``, :func:`reduce_rounds`).
 """
 
 from __future__ import annotations
