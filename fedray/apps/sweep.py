@@ -209,6 +209,10 @@ def _record(spec: SweepSpec, slices: dict) -> dict:
                        for p in spec.points]}
 
 
+#: What a sweep stopped before its first run (a missing dataset) leaves; running it again needs no --resume.
+_LEFT_BEFORE_RUNS = {"_partitions", "sweep.lock"}
+
+
 def _claim(spec: SweepSpec, resume: bool) -> None:
     out = spec.output_dir
     if resume:
@@ -218,7 +222,7 @@ def _claim(spec: SweepSpec, resume: bool) -> None:
     if (out / RECORD).is_file():
         raise ConfigError(f"output_dir: {out} already holds a sweep; continue it with --resume, or choose another "
                           f"output_dir (--output-dir)")
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name not in _LEFT_BEFORE_RUNS for p in out.iterdir()):
         raise ConfigError(f"output_dir: {out} exists and is not empty; choose another output_dir (--output-dir)")
 
 
@@ -247,7 +251,10 @@ class _Runner:
         self.lock = threading.Lock()
         self.rows: list[dict] = []
         kill = os.environ.get(KILL_ENV, "")
-        self.kill_at = tuple(int(x) for x in kill.split(":")) if kill else None
+        try:
+            self.kill_at = tuple(int(x) for x in kill.split(":")) if kill else None
+        except ValueError:
+            raise ConfigError(f"{KILL_ENV}={kill!r}: expected POINT:ROUND (a testing aid)") from None
         (spec.output_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     def plan(self, i: int, resume: bool) -> tuple[str, dict]:
@@ -279,7 +286,6 @@ class _Runner:
 
     def _run(self, i: int, kw: dict) -> dict:
         from fedray.engine.runner import run_experiment
-
 
         path = self.spec.output_dir / "logs" / f"p{i:03d}.log"
 
@@ -343,8 +349,8 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
     from tqdm import tqdm
 
     out = spec.output_dir
-    atomic_write_text(out / RECORD, json.dumps(_record(spec, slices), indent=1, default=str) + "\n")
     _prepare(spec, log)
+    atomic_write_text(out / RECORD, json.dumps(_record(spec, slices), indent=1, default=str) + "\n")
     runner = _Runner(spec, slices, log)
     rows = runner.rows
     rows.extend(point_row(spec, p.index, "pending") for p in spec.points)
