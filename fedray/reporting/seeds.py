@@ -263,10 +263,15 @@ def _is_acc(metric: str) -> bool:
     return metric != "rounds_to_target" and (":" not in metric or metric.rsplit(".", 1)[-1].endswith("accuracy"))
 
 
-def _scale_fmt(metric: str) -> tuple[float, str]:
+def _scale_fmt(metric: str, mean: float = math.nan) -> tuple[float, str]:
+    """(scale, format) of a cell: accuracies in % with 2 decimals, rounds with 1, any other key with four
+    significant digits of its mean (the std with as many decimals)."""
     if _is_acc(metric):
         return 100.0, "{:.2f}"
-    return (1.0, "{:.1f}") if metric == "rounds_to_target" else (1.0, "{:.4g}")
+    if metric == "rounds_to_target":
+        return 1.0, "{:.1f}"
+    digits = 3 - math.floor(math.log10(abs(mean))) if mean and math.isfinite(mean) else 3
+    return 1.0, f"{{:.{min(max(digits, 0), 8)}f}}"
 
 
 def _cell_parts(st: Stat, metric: str) -> tuple[str, str | None, str]:
@@ -274,7 +279,7 @@ def _cell_parts(st: Stat, metric: str) -> tuple[str, str | None, str]:
     ``(k/n)`` when only k of n seeds count (target not reached, run never evaluated)."""
     if st.n == 0:
         return ("not reached" if metric == "rounds_to_target" else "-"), None, f" (0/{st.total})"
-    scale, fmt = _scale_fmt(metric)
+    scale, fmt = _scale_fmt(metric, st.mean)
     std = None if math.isnan(st.std) else fmt.format(scale * st.std)
     return fmt.format(scale * st.mean), std, (f" ({st.n}/{st.total})" if st.n < st.total else "")
 
