@@ -346,7 +346,7 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, log=print) -> SweepResul
 
 
 def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> SweepResult:
-    from tqdm import tqdm
+    from fedray.reporting.progress import ProgressBar
 
     out = spec.output_dir
     _prepare(spec, log)
@@ -366,7 +366,8 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
         f"{slices['workers']} worker(s) each -> {out}")
     write_parquet(spec, rows, out / "sweep.parquet")
     result = SweepResult(spec, rows)
-    bar = tqdm(total=len(spec.points), initial=kept, desc=f"sweep {spec.name}", unit="point")
+    # points done / all on a terminal (the [sweep] lines print above it); the lines alone otherwise
+    bar = ProgressBar(len(spec.points), "point", desc=f"sweep {spec.name}", initial=kept, log=log)
     prev = None
     if threading.current_thread() is threading.main_thread():
         def on_sigterm(signum, frame):
@@ -378,7 +379,7 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
         r = fut.result()  # already in sweep.parquet: a killed sweep keeps what it has
         acc = "" if r.get("accuracy") is None or math.isnan(r["accuracy"]) else f" accuracy {r['accuracy']:.4f}"
         how = "" if r.get("resumed_from") is None else f" (resumed from round {r['resumed_from']})"
-        bar.update(1)
+        bar.update(1, finished=sum(row["status"] == "finished" for row in rows))
         bar.write(f"[sweep] point {i} {spec.points[i].describe()}: {r['status']}{acc}{how}"
                   + (f": {r['error']}" if r.get("error") else ""))
 
@@ -395,8 +396,8 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
             except KeyboardInterrupt:
                 result.interrupted = True
                 runner.stop.set()
-                log(f"[sweep] interrupted: the running points stop after their round in flight (checkpointed); "
-                    f"continue with --resume")
+                bar.write(f"[sweep] interrupted: the running points stop after their round in flight "
+                          f"(checkpointed); continue with --resume")
                 for fut in list(running):
                     fut.cancel()
                 for fut in cf.as_completed([f for f in running if not f.cancelled()]):
