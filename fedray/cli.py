@@ -153,6 +153,11 @@ def _cmd_report(args) -> int:
     if len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.json").is_file():
         from fedray.apps.sweep import rebuild_report
 
+        if args.out or args.metric != "accuracy" or args.target is not None:
+            print("fedray report: error: a sweep directory's tables and report are rebuilt in place from its sweep "
+                  "file's tables: --out, --metric and --target apply to run directories", file=sys.stderr)
+            return 2
+
         text, files = rebuild_report(args.runs[0])
         print(text)
         for f in files:
