@@ -556,7 +556,9 @@ class StudyRunner:
                     study.enqueue_trial(point, user_attrs={"enqueued": True}, skip_if_exists=True)
             if self.resume:
                 self._recover(study)
-            if cap < spec.concurrency:
+            if self._res.get("note"):
+                self.log(f"[tune] {self._res['note']}")
+            elif cap < spec.concurrency:
                 self.log(f"[tune] concurrency capped at {cap} (asked {spec.concurrency}): a trial needs "
                          f"{self._res['cpus_per_trial']:g} CPUs / {self._res['gpus_per_trial']:g} GPUs of "
                          f"{self._res['cluster_cpus']:g} / {self._res['cluster_gpus']:g}")

@@ -9,9 +9,10 @@ asked concurrency capped so that the slices always fit the cluster together::
     gpus per run = workers * gpus_per_worker
     C = min(concurrency, floor(cluster CPUs / cpus per run), floor(cluster GPUs / gpus per run))
 
-With ``engine.backend: local`` the in-process workers run one after another, so a run counts as
-``engine.torch_threads`` cores of this machine. Ray's scheduler enforces every actor's resources; the cap
-only makes sure that the ``C`` slices never wait for each other.
+With ``engine.backend: local`` runs go one at a time (``C = 1``, whatever was asked): in-process runs in
+threads of one process share torch's global RNG (model initialisation, dropout masks) and thread settings,
+so their numbers would depend on how the threads interleave. Ray's scheduler enforces every actor's
+resources; the cap only makes sure that the ``C`` slices never wait for each other.
 """
 
 from __future__ import annotations
@@ -71,9 +72,15 @@ def plan_slices(cfg: ExperimentConfig, concurrency: int, *, workers: int | None 
         what = field.split("_")[0]
         raise ConfigError(f"{field}: one {what} needs {t_cpu:g} CPUs and {t_gpu:g} GPUs but the {where} has "
                           f"{cpus:g} CPUs and {gpus:g} GPUs")
+    note = None
+    if e.backend == "local" and cap > 1:
+        note = (f"engine.backend local: one run at a time (asked {int(concurrency)}; in-process runs in threads of "
+                f"one process share torch's global RNG, so their numbers would depend on the interleaving); "
+                f"engine.backend ray runs {cap} at once")
+        cap = 1
     desc = {"backend": e.backend, "workers": workers, "cpus_per_worker": cpw, "gpus_per_worker": float(gpw),
             "cpus_per_trial": t_cpu, "gpus_per_trial": t_gpu, "cluster_cpus": cpus, "cluster_gpus": gpus,
-            "concurrency_requested": int(concurrency), "concurrency": cap}
+            "concurrency_requested": int(concurrency), "concurrency": cap, "note": note}
     return cap, desc
 
 

@@ -324,12 +324,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, log=print) -> SweepResul
     cap, slices = plan_slices(base, spec.parallel or len(spec.points), workers=res["workers"],
                               cpus_per_worker=res["cpus_per_worker"], gpus_per_worker=res["gpus_per_worker"],
                               field="resources")
-    if base.engine.backend == "local" and cap > 1:
-        # in-process runs in threads of one process share torch's global RNG (model initialisation) and
-        # thread settings: their numbers would depend on the interleaving
-        log(f"[sweep] engine.backend local: points run one at a time (in-process runs in one process are not "
-            f"independent); engine.backend ray runs {cap} at once")
-        cap = slices["concurrency"] = 1
+    if slices["note"]:
+        log(f"[sweep] {slices['note']}")
     elif spec.parallel and cap < spec.parallel:
         log(f"[sweep] parallel capped at {cap} (asked {spec.parallel}): a point needs {slices['cpus_per_trial']:g} "
             f"CPUs and {slices['gpus_per_trial']:g} GPUs of {slices['cluster_cpus']:g} / {slices['cluster_gpus']:g}")
