@@ -6,6 +6,13 @@ Ray with 2 client workers (1 CPU, 1 torch thread each). Each implementation runs
 PSS and RSS of the whole process tree every 0.25 s (Ray's workers included). Prints a table with the
 ratios fedray / best floor. No assertions: figures only.
 
+fedray runs cold (``fedray-ray-2w``: a private local Ray started by the run) and warm (``fedray-2w-warm``:
+on the Ray of ``fedray up``, started once before the runs with a record of its own, so no other run of the
+machine joins it, and stopped by ``fedray down`` after them; ``--no-warm`` skips it); the warm run's memory
+includes that cluster's processes. ``--fold-group G`` adds fedray with ``engine.fold_group=G``;
+``--baseline-tree DIR`` adds fedray run from another checkout (a change's before/after in one invocation).
+The last column is the start-up (imports, data, engine ready) over the 1-thread floor's.
+
 ``--multi-client M [M ...]`` adds fedray with ``engine.multi_client: M`` (docs/scaling.md). ``--flower``
 adds Flower's simulation engine (bench/flower_app, 2 Ray actors of 1 CPU, 1 torch thread) on the same
 workload, run from its own virtualenv ``bench/.flower-venv`` that the script creates on first use
@@ -15,6 +22,7 @@ and prints the fedray-vs-Flower ratios (end-to-end wall, rounds, rounds 2..R).
     .venv/bin/python bench/bench_workload.py                 # W1 and W2, 1 repetition
     .venv/bin/python bench/bench_workload.py --workloads W1 --reps 3 --json bench/out/w1.json
     .venv/bin/python bench/bench_workload.py --multi-client 5 --flower --reps 2
+    .venv/bin/python bench/bench_workload.py --workloads W1 --reps 1 --baseline-tree /tmp/base
 """
 
 from __future__ import annotations
@@ -23,9 +31,11 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -88,16 +98,21 @@ class TreeSampler(threading.Thread):
     """Peak summed PSS/RSS of a process tree, sampled every ``period`` seconds. Ray's raylet, GCS and
     worker processes are started as children of the driver, so they are counted."""
 
-    def __init__(self, pid: int, period: float = 0.25):
+    def __init__(self, pid: int, warm_temp: str | None = None, period: float = 0.25):
         super().__init__(daemon=True)
-        self.pid, self.period = pid, period
+        self.pid, self.warm_temp, self.period = pid, warm_temp, period
         self.peak_pss = self.peak_rss = 0
         self.stop = threading.Event()
 
     def run(self):
         while not self.stop.is_set():
             pss = rss = 0
-            for p in _tree(self.pid):
+            pids = set(_tree(self.pid))
+            if self.warm_temp:  # a warm run's actors are children of the `fedray up` raylet, not of the driver
+                from fedray.core.ray_up import cluster_pids
+
+                pids |= set(cluster_pids(self.warm_temp))  # the cluster's processes and their descendants
+            for p in pids:
                 a, b = _mem(p)
                 pss += a
                 rss += b
@@ -106,12 +121,20 @@ class TreeSampler(threading.Thread):
             self.stop.wait(self.period)
 
 
-def run_one(cmd: list[str]) -> dict:
+def run_one(cmd: list[str], root: Path = ROOT, warm_temp: str | None = None) -> dict:
+    """One implementation's process under ``time -v``; ``root``: the checkout it runs from; ``warm_temp``:
+    the temp dir of the `fedray up` cluster it joins (whose processes the memory sampler adds), else a cold
+    run that must not join it (FEDRAY_NO_WARM=1)."""
     env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"), RAY_USAGE_STATS_ENABLED="0",
-               TQDM_DISABLE="1", PYTHONPATH=str(ROOT))
+               TQDM_DISABLE="1", PYTHONPATH=str(root))
+    if warm_temp is None:
+        env["FEDRAY_NO_WARM"] = "1"
+    else:
+        env.update(_warm_env(), PYTHONPATH=str(root))
+        env.pop("FEDRAY_NO_WARM", None)
     full = ["/usr/bin/time", "-v", *cmd]
-    proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    sampler = TreeSampler(proc.pid)
+    proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+    sampler = TreeSampler(proc.pid, warm_temp)
     sampler.start()
     out, err = proc.communicate()
     sampler.stop.set()
@@ -131,6 +154,28 @@ def run_one(cmd: list[str]) -> dict:
     return res
 
 
+#: The benchmark's `fedray up` keeps its record (and token) in a cache of its own (made by _warm_up), so no
+#: other `fedray run` of the machine joins it; the decoded datasets stay in the usual cache.
+WARM_CACHE: str | None = None
+
+
+def _warm_env() -> dict:
+    from fedray.data.formats import cache_dir
+
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT), XDG_CACHE_HOME=WARM_CACHE,
+                FEDRAY_CACHE_DIR=str(cache_dir()))
+
+
+def _warm_up() -> dict:
+    """`fedray up` (2 logical CPUs, the workers' and coordinator's), the record of the cluster it started."""
+    global WARM_CACHE
+    WARM_CACHE = tempfile.mkdtemp(prefix="fedray-bench-up-")
+    subprocess.run([sys.executable, "-m", "fedray", "up", "--num-cpus", "2"], env=_warm_env(), cwd=ROOT, check=True)
+    rec = json.loads((Path(WARM_CACHE) / "fedray" / "ray" / "up.json").read_text())
+    time.sleep(5)  # its agents finish starting before anything is timed
+    return rec
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=["W1", "W2"])
@@ -141,14 +186,32 @@ def main(argv=None):
                     help="also run fedray with engine.multi_client=M (one implementation per M)")
     ap.add_argument("--flower", action="store_true",
                     help="also run Flower's simulation engine (virtualenv bench/.flower-venv, created on first use)")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="skip fedray on the warm Ray of `fedray up` (started before the runs, stopped after)")
+    ap.add_argument("--fold-group", type=int, metavar="G",
+                    help="also run fedray (cold) with engine.fold_group=G")
+    ap.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                    help="also run fedray (cold) from another checkout, e.g. `git worktree add /tmp/base main`, "
+                         "to measure a change in the same invocation")
     args = ap.parse_args(argv)
     py = sys.executable
+    fedray = [py, str(HERE / "workload_fedray.py"), "--backend", "ray", "--workers", "2"]
     impls = {
         "floor-1t": lambda w: [py, str(HERE / "workload_floor.py"), "--workload", w, "--threads", "1"],
         "floor-2t": lambda w: [py, str(HERE / "workload_floor.py"), "--workload", w, "--threads", "2"],
-        "fedray-ray-2w": lambda w: [py, str(HERE / "workload_fedray.py"), "--workload", w, "--backend", "ray",
-                                    "--workers", "2"],
+        "fedray-ray-2w": lambda w: [*fedray, "--workload", w],
     }
+    roots = {}
+    if not args.no_warm:
+        impls["fedray-2w-warm"] = lambda w: [*fedray, "--workload", w, "--warm"]
+    if args.fold_group is not None:
+        impls[f"fedray-2w-fg{args.fold_group}"] = lambda w: [*fedray, "--workload", w, "--fold-group",
+                                                            str(args.fold_group)]
+    if args.baseline_tree:
+        base = args.baseline_tree.resolve()
+        impls["fedray-baseline"] = lambda w: [py, str(base / "bench" / "workload_fedray.py"), "--workload", w,
+                                              "--backend", "ray", "--workers", "2"]
+        roots["fedray-baseline"] = base
     if args.skip_floor2:
         impls.pop("floor-2t")
     for m in args.multi_client:
@@ -159,26 +222,35 @@ def main(argv=None):
         fpy = str(ensure_flower_venv())
         impls["flower-2a"] = lambda w: [fpy, str(HERE / "workload_flower.py"), "--workload", w, "--actors", "2"]
     raw = []
-    for w in args.workloads:
-        for rep in range(args.reps):
-            for name, cmd in impls.items():  # interleaved, so drift hits every implementation alike
-                r = run_one(cmd(w))
-                r.update(impl=name, workload=w, rep=rep)
-                raw.append(r)
-                print(f"  {w} rep {rep} {name:14s} rounds {r['rounds_s']:.2f} s  wall {r.get('wall_s', 0):.1f} s  "
-                      f"acc {r['accuracy']:.3f}  hash {r['weights_hash']}", file=sys.stderr)
+    try:
+        warm = _warm_up() if "fedray-2w-warm" in impls else None
+        for w in args.workloads:
+            for rep in range(args.reps):
+                for name, cmd in impls.items():  # interleaved, so drift hits every implementation alike
+                    r = run_one(cmd(w), roots.get(name, ROOT), warm["temp_dir"] if name.endswith("-warm") else None)
+                    r.update(impl=name, workload=w, rep=rep)
+                    raw.append(r)
+                    print(f"  {w} rep {rep} {name:16s} start {r['startup_s']:.2f} s  rounds {r['rounds_s']:.2f} s  "
+                          f"wall {r.get('wall_s', 0):.1f} s  acc {r['accuracy']:.3f}  hash {r['weights_hash']}",
+                          file=sys.stderr)
+    finally:
+        if WARM_CACHE is not None:
+            subprocess.run([py, "-m", "fedray", "down"], env=_warm_env(), cwd=ROOT, check=False)
+            shutil.rmtree(WARM_CACHE, ignore_errors=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(raw, indent=1))
     print()
-    hdr = (f"{'workload':8s} {'impl':14s} {'wall s':>7s} {'start s':>7s} {'rounds s':>8s} {'r1 s':>6s} "
-           f"{'r2..R s':>7s} {'PSS GB':>6s} {'acc':>6s} {'hash':>16s} {'rounds/best floor':>17s}")
+    hdr = (f"{'workload':8s} {'impl':16s} {'wall s':>7s} {'start s':>7s} {'rounds s':>8s} {'r1 s':>6s} "
+           f"{'r2..R s':>7s} {'PSS GB':>6s} {'acc':>6s} {'hash':>16s} {'rounds/best floor':>17s} "
+           f"{'start/floor-1t':>14s}")
     print(hdr)
     print("-" * len(hdr))
     for w in args.workloads:
         rows = {n: [r for r in raw if r["workload"] == w and r["impl"] == n] for n in impls}
         med = {n: statistics.median(r["rounds_s"] for r in rs) for n, rs in rows.items()}
         best_floor = min(v for n, v in med.items() if n.startswith("floor"))
+        floor_start = statistics.median(r["startup_s"] for r in rows["floor-1t"])
         for n, rs in rows.items():
             r0 = rs[0]
             wall = statistics.median(r.get("wall_s", float("nan")) for r in rs)
@@ -186,8 +258,9 @@ def main(argv=None):
             r1 = statistics.median(r["round_s"][0] for r in rs)
             steady = statistics.median(statistics.mean(r["round_s"][1:]) for r in rs)
             pss = max(r["tree_peak_pss_gb"] for r in rs)
-            print(f"{w:8s} {n:14s} {wall:7.1f} {start:7.2f} {med[n]:8.2f} {r1:6.2f} {steady:7.3f} {pss:6.2f} "
-                  f"{r0['accuracy']:6.3f} {r0['weights_hash']:>16s} {med[n] / best_floor:17.2f}")
+            print(f"{w:8s} {n:16s} {wall:7.1f} {start:7.2f} {med[n]:8.2f} {r1:6.2f} {steady:7.3f} {pss:6.2f} "
+                  f"{r0['accuracy']:6.3f} {r0['weights_hash']:>16s} {med[n] / best_floor:17.2f} "
+                  f"{start / floor_start:14.2f}")
         hashes = {n: {r["weights_hash"] for r in rs} for n, rs in rows.items()}
         same = len({h for hs in hashes.values() for h in hs}) == 1
         print(f"{w}: final weights identical across implementations (1-thread floor vs fedray): "

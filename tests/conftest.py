@@ -19,6 +19,7 @@ import pytest
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ["FEDRAY_NO_WARM"] = "1"  # no test's `fedray run` joins a `fedray up` Ray (tests/core/test_ray_up.py starts its own)
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -19,11 +19,18 @@ Two cases, nothing in between:
 
 ``local_ray_env()`` gives the same settings as environment variables, for a ``ray start --head`` that
 should match (the job tests, cluster/README.md's local head).
+
+A third case is asked for by name: ``warm=True`` (``fedray run`` does, unless ``--no-warm`` or
+``FEDRAY_NO_WARM=1``) with no address joins the loopback Ray that ``fedray up`` started and recorded in
+``warm_record_path()`` (:mod:`fedray.core.ray_up`), with the token it recorded, and says so in one line.
+Only that recorded cluster, never another one running on the machine; a record whose cluster is gone is
+dropped with a notice and fedray starts its own local Ray as usual.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -31,13 +38,15 @@ import socket
 import stat
 from pathlib import Path
 
-__all__ = ["RayConnectError", "ensure_ray", "local_ray_env", "local_token_path"]
+__all__ = ["RayConnectError", "ensure_ray", "local_ray_env", "local_token_path", "read_warm_record", "warm_record_path"]
 
-log = logging.getLogger("fedray")
+logger = logging.getLogger("fedray")
 
 #: Ray's switch that pins the node IP to loopback (named for Windows/macOS, honoured on every platform).
 LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 CONNECT_TIMEOUT_S = 5.0
+#: The fedray package this process runs (a `fedray up` cluster records the one its workers import).
+FEDRAY_DIR = Path(__file__).resolve().parents[1]
 #: ``ray.init`` arguments that make sense when joining a cluster (the rest size a local instance).
 _CONNECT_KWARGS = {"configure_logging", "logging_level", "logging_format", "namespace", "runtime_env"}
 
@@ -47,11 +56,19 @@ class RayConnectError(ConnectionError):
 
 
 # ------------------------------------------------------------------------------------------- local token
+def _cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "fedray"
+
+
 def local_token_path() -> Path:
     """fedray's token file for the Ray instances it starts: ``$XDG_CACHE_HOME/fedray/ray/auth_token``
     (``~/.cache/...`` by default)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "fedray" / "ray" / "auth_token"
+    return _cache_root() / "ray" / "auth_token"
+
+
+def warm_record_path() -> Path:
+    """Where ``fedray up`` records its running Ray: ``$XDG_CACHE_HOME/fedray/ray/up.json``."""
+    return _cache_root() / "ray" / "up.json"
 
 
 def _ensure_token_file(path: Path) -> Path:
@@ -97,6 +114,70 @@ def local_ray_env() -> dict[str, str]:
     else:
         env["RAY_AUTH_TOKEN_PATH"] = str(_ensure_token_file(local_token_path()))
     return env
+
+
+# ------------------------------------------------------------------------------------------- fedray up's record
+def _pid_runs_in(pid: int, marker: str) -> bool:
+    """Process ``pid`` is alive and its command line contains ``marker`` (a head's own temp dir)."""
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            return marker.encode() in f.read()
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def read_warm_record(log=None) -> dict | None:
+    """The record of the Ray ``fedray up`` started, when that cluster still runs (its GCS process is alive
+    under the recorded temp dir and its port answers); a record whose cluster is gone is removed, with one
+    line to ``log``; None without a record."""
+    path = warm_record_path()
+    try:
+        rec = json.loads(path.read_text())
+        address, temp, pid = rec["address"], rec["temp_dir"], rec["gcs_pid"]
+        host, port = _split_address(address)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, RayConnectError) as e:
+        _drop_record(path, f"unreadable ({type(e).__name__}: {e})", log)
+        return None
+    alive = _pid_runs_in(pid, temp)
+    if alive:
+        try:
+            with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+                pass
+        except OSError:
+            alive = False
+    if not alive:
+        _drop_record(path, f"its Ray at {address} is gone", log)
+        return None
+    here = str(FEDRAY_DIR)
+    if rec.get("fedray", here) != here:  # its workers import another checkout's fedray than this driver's
+        (log or _warn)(f"[fedray] not using the `fedray up` Ray at {address}: its workers run fedray from "
+                       f"{rec['fedray']}, this run's fedray is {here}; starting a local Ray instead "
+                       f"(`fedray down` and `fedray up` from this checkout to use a warm Ray)")
+        return None
+    return rec
+
+
+def _drop_record(path: Path, why: str, log) -> None:
+    path.unlink(missing_ok=True)
+    (log or _warn)(f"[fedray] ignoring the `fedray up` record {path}: {why}; starting a local Ray instead")
+
+
+def _warn(msg: str) -> None:
+    logger.warning(msg)
+
+
+def _connect_warm(ray, rec: dict, log_to_driver: bool, init_kwargs: dict, log) -> None:
+    """Join the recorded ``fedray up`` cluster with the token it was started with."""
+    if rec.get("token_path"):
+        os.environ.pop("RAY_AUTH_TOKEN", None)
+        os.environ["RAY_AUTH_TOKEN_PATH"] = rec["token_path"]
+    os.environ["RAY_AUTH_MODE"] = "token"
+    _refresh_ray_config()
+    _connect(ray, rec["address"], log_to_driver, init_kwargs)
+    (log or print)(f"[fedray] using the warm Ray of `fedray up` at {rec['address']} (record {warm_record_path()}); "
+                   f"`fedray run --no-warm` starts a private one instead, `fedray down` stops it")
 
 
 # ------------------------------------------------------------------------------------------- Ray settings
@@ -176,23 +257,31 @@ def _check_reachable(address: str, host: str, port: int) -> None:
 
 # ------------------------------------------------------------------------------------------- entry point
 def ensure_ray(object_store_memory: int | None = None, *, address: str | None = None, log_to_driver: bool = True,
-               **init_kwargs) -> None:
+               warm: bool = False, log=None, **init_kwargs) -> bool:
     """Use the Ray instance this process already joined; else join the cluster named by ``address``
-    (``--address`` / ``engine.ray_address``) or ``RAY_ADDRESS``, which must answer; else start a private,
-    locked-down local instance (see the module docstring).
+    (``--address`` / ``engine.ray_address``) or ``RAY_ADDRESS``, which must answer; else, with ``warm``, the
+    running cluster of ``fedray up`` (one line to ``log`` says so); else start a private, locked-down local
+    instance (see the module docstring).
 
-    ``object_store_memory`` and ``init_kwargs`` (``num_cpus``, ...) size a local start only."""
+    ``object_store_memory`` and ``init_kwargs`` (``num_cpus``, ...) size a local start only. True when this
+    call started a local Ray: its processes are children of the calling *thread* (Ray has them die with
+    their parent, which on Linux means that thread), so a thread that started it must outlive it."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     address = (address or os.environ.get("RAY_ADDRESS") or "").strip()
     if address and address != "local":
         _connect(ray, address, log_to_driver, init_kwargs)
-        return
+        return False
+    warm = warm and os.environ.get("FEDRAY_NO_WARM", "").strip().lower() not in ("1", "true", "yes")
+    rec = read_warm_record(log) if warm and not address else None
+    if rec is not None:
+        _connect_warm(ray, rec, log_to_driver, init_kwargs, log)
+        return False
     env = local_ray_env()
     if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
-        log.warning("fedray: RAY_AUTH_MODE=%s ignored: the local Ray fedray starts keeps token authentication on",
+        logger.warning("fedray: RAY_AUTH_MODE=%s ignored: the local Ray fedray starts keeps token authentication on",
                     os.environ["RAY_AUTH_MODE"])
     os.environ.update(env)  # the Ray processes started below inherit it
     _refresh_ray_config()
@@ -203,6 +292,7 @@ def ensure_ray(object_store_memory: int | None = None, *, address: str | None = 
         kwargs["object_store_memory"] = int(object_store_memory)
     kwargs.update(init_kwargs)
     ray.init(**kwargs)
+    return True
 
 
 def _connect(ray, address: str, log_to_driver: bool, init_kwargs: dict) -> None:

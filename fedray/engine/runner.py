@@ -31,7 +31,8 @@ from fedray.engine.client.grouped import check_multi_client
 from fedray.engine.coordinator import Coordinator
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.faults import FaultInjector
-from fedray.engine.pool import RayPool, default_num_workers
+from fedray.engine.launch import Actors, EarlyStart, coordinator_options, early_start, start_actors  # noqa: F401
+from fedray.engine.pool import default_num_workers
 from fedray.engine.replica import worker_spec
 from fedray.engine.state import ClientStateStore
 from fedray.plugins import check_model, check_output_root, check_registries
@@ -49,6 +50,7 @@ class RunResult:
     weights_hash: str = ""
     final: dict = field(default_factory=dict)
     startup_seconds: float = 0.0
+    startup_phases: dict = field(default_factory=dict)  # seconds from the start: data ready, Ray up, actors ready
     rounds_seconds: float = 0.0
     interrupted: bool = False
     stopped_early: bool = False
@@ -105,6 +107,7 @@ class Run:
     resume: bool
     t_start: float
     trackers: Trackers  # the MLflow / W&B runs it mirrors into (started), possibly none
+    early: EarlyStart | None = None  # Ray and the actors, started while the data loaded (fedray.engine.launch)
 
     @property
     def state_path(self) -> str:
@@ -164,30 +167,13 @@ class CoordinatorLost(RuntimeError):
     """The coordinator actor died (its process was killed or exited, or its node was lost)."""
 
 
-def coordinator_options(cfg: ExperimentConfig, ray) -> dict:
-    """Ray options of the coordinator actor: its CPUs and, with ``engine.coordinator_placement: driver``, a
-    hard affinity to the driver's node (a 0-CPU actor would otherwise land on any node, and its node's death
-    ends the run)."""
-    e = cfg.engine
-    opts = {"num_cpus": e.coordinator_num_cpus, "max_restarts": 0, "max_concurrency": 1}
-    if e.coordinator_placement == "driver":
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        node = ray.get_runtime_context().get_node_id()
-        cpus = next((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["NodeID"] == node), None)
-        if cpus is not None and e.coordinator_num_cpus > cpus:
-            raise ConfigError(f"engine.coordinator_placement: driver, but the driver's node has {cpus:g} CPUs for "
-                              f"engine.coordinator_num_cpus={e.coordinator_num_cpus:g}; use coordinator_placement: any")
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-    return opts
-
-
 class Engine:
     """The coordinator of a run, as a Ray actor (``engine.backend: ray``) or in this process. A coordinator
-    actor that died is replaced by :meth:`restart` (the loop then loads the last checkpoint into it)."""
+    actor that died is replaced by :meth:`restart` (the loop then loads the last checkpoint into it). With
+    ``run.early``, the actors it starts are the ones started while the driver loaded the data."""
 
     def __init__(self, run: Run):
-        cfg = run.cfg
+        cfg, early = run.cfg, run.early
         self.run = run
         self.cfg_dict = cfg.to_dict()
         self.cfg_dict.pop("source_path", None)
@@ -196,27 +182,39 @@ class Engine:
         self.in_flight: dict = {}  # Ray: the round the coordinator actor is running (it goes on after a Ctrl-C)
         self.restarts = 0  # coordinator actors replaced
         self.workers: list = []  # the client workers this driver started for the current coordinator
+        self._setups: list = []  # the workers' setup calls, awaited by ready()
         if cfg.engine.backend == "ray":
             import ray
 
             self.ray = ray
-            ensure_ray(cfg.engine.object_store_memory, address=cfg.engine.ray_address)
-            self._start()
+            actors = early.result() if early is not None else None
+            if actors is None:
+                ensure_ray(cfg.engine.object_store_memory, address=cfg.engine.ray_address)
+            self._start(actors)
         else:
             n, wcpu, wgpu = default_num_workers(cfg, int(cfg.train.clients_per_round))
             self.coord = Coordinator(self.cfg_dict, str(run.store.path), str(run.rd.path), self.test, n, wcpu, wgpu,
                                      run.state_path)
 
-    def _start(self) -> None:
-        """Start the client workers and a coordinator actor (in the initial state) that owns them."""
+    def _start(self, actors: Actors | None = None) -> None:
+        """Give the client workers and a coordinator actor (in the initial state) that owns them their
+        arguments, starting them first unless ``actors`` were started early."""
         run, ray = self.run, self.ray
-        n, wcpu, wgpu = default_num_workers(run.cfg, int(run.cfg.train.clients_per_round))
-        # the client workers start (import torch, open the partition) while the coordinator actor does
-        self.workers = RayPool.start(worker_spec(self.cfg_dict, str(run.store.path), run.state_path, str(run.rd.path),
-                                                 wgpu), n, wcpu, wgpu)
-        cls = ray.remote(Coordinator).options(**coordinator_options(run.cfg, ray))
-        self.coord = cls.remote(self.cfg_dict, str(run.store.path), str(run.rd.path), ray.put(self.test), n, wcpu,
-                                wgpu, run.state_path, self.workers)
+        actors = actors or start_actors(run.cfg)
+        self.workers, self.coord = actors.workers, actors.coord
+        spec = worker_spec(self.cfg_dict, str(run.store.path), run.state_path, str(run.rd.path), actors.worker_gpus)
+        self._setups = [self.coord.setup.remote(self.cfg_dict, str(run.store.path), str(run.rd.path),
+                                                ray.put(self.test), actors.num_workers, actors.worker_cpus,
+                                                actors.worker_gpus, run.state_path, self.workers),
+                        *[w.setup.remote(spec) for w in self.workers]]
+
+    def ready(self) -> dict:
+        """The coordinator's ``ready`` (workers, parameters) once it and every client worker are set up."""
+        if self._setups:
+            self._get(self._setups[0])  # the coordinator's own errors first (it also waits for its workers)
+            self.ray.get(self._setups[1:])
+            self._setups = []
+        return self.call("ready")
 
     def restart(self) -> dict:
         """Replace a dead coordinator actor: kill what is left of it and of its workers (replacement workers
@@ -225,7 +223,7 @@ class Engine:
         self.in_flight.clear()
         self.restarts += 1
         self._start()
-        return self.call("ready")
+        return self.ready()
 
     def _get(self, ref):
         """``ray.get`` of a coordinator call; the actor's death raises :class:`CoordinatorLost`."""
@@ -241,12 +239,12 @@ class Engine:
     def call(self, method: str, *args):
         if self.ray is None:
             return getattr(self.coord, method)(*args)
-        return self._get(getattr(self.coord, method).remote(*args))
+        return self._get(self.coord.call.remote(method, *args))
 
     def run_round(self, rnd: int) -> dict:
         if self.ray is None:
             return self.coord.run_round(rnd)
-        self.in_flight.update(round=rnd, ref=self.coord.run_round.remote(rnd), t0=time.perf_counter())
+        self.in_flight.update(round=rnd, ref=self.coord.call.remote("run_round", rnd), t0=time.perf_counter())
         report = self._get(self.in_flight["ref"])
         self.in_flight.clear()
         return report
@@ -471,7 +469,7 @@ def _callbacks(run: Run, progress: bool, on_round, trackers: Trackers, log) -> l
 
 def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | None = None,
                    progress: bool | None = None, log=print, on_round=None, overwrite: bool = False,
-                   ray_address: str | None = None) -> RunResult:
+                   ray_address: str | None = None, warm: bool = False, early: EarlyStart | None = None) -> RunResult:
     """Run (or resume) one experiment to the end. Ctrl-C writes a checkpoint and returns early.
 
     A run directory that already holds a run is refused (``ConfigError``) unless ``overwrite`` deletes
@@ -483,8 +481,22 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     The result then has ``stopped_early = True``.
 
     ``ray_address`` (``fedray run --address``) names the Ray cluster to join, over ``engine.ray_address``,
-    also when resuming."""
-    run = setup_run(cfg, resume, overwrite, log)
+    also when resuming. ``warm`` (``fedray run`` without ``--no-warm``): with no address, join the Ray of
+    ``fedray up`` when one is recorded and running (:func:`fedray.core.ray_env.ensure_ray`).
+
+    With ``engine.backend: ray``, Ray and the run's actors start in the background while the data loads
+    (:mod:`fedray.engine.launch`); ``early``: that start, begun by the caller for these same arguments
+    (``fedray run`` begins it before it imports torch)."""
+    t0 = getattr(early, "t0", None) or time.perf_counter()
+    early = early or early_start(cfg, resume, ray_address, warm, log)
+    try:
+        run = setup_run(cfg, resume, overwrite, log)
+    except BaseException:
+        if early is not None:
+            early.abort()
+        raise
+    run.t_start, run.early = t0, early
+    data_s = time.perf_counter() - t0
     cfg = run.cfg
     if ray_address:
         cfg.engine.ray_address = ray_address  # not hashed: the same run on another cluster
@@ -492,12 +504,14 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     engine, trackers = None, run.trackers
     try:
         engine = Engine(run)
-        info = engine.call("ready")
+        info = engine.ready()
         start_round = _resume_state(run, engine, log)
         result.startup_seconds = startup = time.perf_counter() - run.t_start
+        result.startup_phases = {"data": data_s, "ray": getattr(early, "ray_seconds", None), "ready": startup}
+        ray_s = f", Ray up at {early.ray_seconds:.1f} s" if getattr(early, "ray_seconds", None) is not None else ""
         log(f"[fedray] run {run.rd.path} | {cfg.algorithm.name} on {cfg.data.source} | {run.store.num_clients} "
             f"clients, {cfg.train.clients_per_round}/round | {info['workers']} {cfg.engine.backend} workers | "
-            f"{info['num_params']:,} params | start-up {startup:.1f} s")
+            f"{info['num_params']:,} params | start-up {startup:.1f} s (data ready at {data_s:.1f} s{ray_s})")
         result.rounds = run.rd.read_metrics()
         loop = RoundLoop(run, engine, _callbacks(run, cfg.output.progress if progress is None else progress, on_round,
                                                  trackers, log), result, log)
@@ -506,6 +520,8 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         result.rounds_seconds = time.perf_counter() - t_rounds
         finish_run(run, engine, result, log)
     except BaseException as e:
+        if engine is None and early is not None:
+            early.abort()
         if not result.failed and not isinstance(e, Exception):  # a second Ctrl-C during the finish
             result.interrupted = True
         else:

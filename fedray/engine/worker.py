@@ -26,14 +26,23 @@ __all__ = ["ClientOutcome", "ClientWorker", "WorkerSpec"]
 
 
 class ClientWorker:
-    def __init__(self, spec: WorkerSpec, name: str = "w0"):
+    def __init__(self, spec: WorkerSpec | None, name: str = "w0"):
+        """``spec=None``: an actor started before the run's data is ready (its process imports torch and
+        fedray meanwhile); :meth:`setup` gives it the spec, before any task."""
         self.name = name
+        self.spec = None
+        self._federated = None
+        self._split = None
+        if spec is not None:
+            self.setup(spec)
+
+    def setup(self, spec: WorkerSpec) -> str:
+        """Build this worker's replica of the run (the model, the partition store, the client state)."""
         self.spec = spec
         self.replica = Replica.for_worker(spec)
         self.states = ClientStateStore(spec.state_path) if spec.state_path else None
         self.faults = FaultInjector(self.replica.cfg.engine.fault_injection, spec.run_dir)
-        self._federated = None
-        self._split = None
+        return self.name
 
     def ping(self) -> str:
         return self.name

@@ -1,0 +1,160 @@
+"""``fedray up`` / ``fedray down``: a local Ray that stays up between runs, so ``fedray run`` skips Ray's
+start (GCS, raylet and agents: 2.5-10 s on 2 cores).
+
+``up`` runs ``ray start --head`` with the rules of :mod:`fedray.core.ray_env` for a local Ray: every process
+on 127.0.0.1 only, token authentication on (fedray's token file unless ``RAY_AUTH_TOKEN`` /
+``RAY_AUTH_TOKEN_PATH`` name another), every port chosen free here (another Ray on the machine keeps its
+defaults), its own temp dir (``/tmp/fedray-up-*``), no dashboard. It then records the cluster in
+``warm_record_path()``; ``fedray run`` joins only that recorded cluster (``ensure_ray(warm=True)``). Worker
+processes import ``torch`` and fedray's client worker and coordinator before they take work (Ray's
+``preload_python_modules``), as a run's actors would anyway.
+
+``down`` stops exactly the processes of that cluster (those whose command line holds its temp dir: a
+plain ``ray stop`` would stop every Ray of the machine, other users' included), then removes the record
+and the temp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fedray.core.io import atomic_write_text
+from fedray.core.ray_env import FEDRAY_DIR, local_ray_env, read_warm_record, warm_record_path
+
+__all__ = ["PRELOAD_MODULES", "cluster_pids", "down", "up"]
+
+#: What every worker process of the `fedray up` cluster imports before it takes work.
+PRELOAD_MODULES = ("torch", "fedray.engine.worker", "fedray.engine.coordinator")
+STOP_TIMEOUT_S = 15.0
+TEMP_PREFIX = "/tmp/fedray-up-"  # short: Ray's unix socket paths (at most 107 bytes) live under it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster_pids(temp_dir: str) -> list[int]:
+    """The processes of the head started with ``temp_dir``: those whose command line contains it (GCS,
+    raylet, agents) and their descendants (Ray's workers, whose titles Ray rewrites to ``ray::...``)."""
+    me, marked, children = os.getpid(), [], {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if temp_dir.encode() in f.read():
+                    marked.append(int(d))
+            with open(f"/proc/{d}/stat") as f:
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    out, stack = set(), list(marked)
+    while stack:
+        pid = stack.pop()
+        if pid not in out and pid != me:
+            out.add(pid)
+            stack.extend(children.get(pid, []))
+    return sorted(out)
+
+
+def _gcs_pid(temp_dir: str) -> int | None:
+    for pid in cluster_pids(temp_dir):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip().startswith("gcs_server"):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def _stop(temp_dir: str, timeout: float = STOP_TIMEOUT_S) -> int:
+    """SIGTERM the cluster's processes, SIGKILL what is left after ``timeout``; how many there were."""
+    pids = cluster_pids(temp_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in cluster_pids(temp_dir):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + (timeout if sig == signal.SIGTERM else 5.0)
+        while cluster_pids(temp_dir) and time.time() < deadline:
+            time.sleep(0.2)
+        if not cluster_pids(temp_dir):
+            break
+    return len(pids)
+
+
+def up(num_cpus: int | None = None, num_gpus: int | None = None, object_store_memory: int | None = None,
+       log=print) -> dict:
+    """Start the warm local Ray (or report the one already recorded and running); returns its record."""
+    rec = read_warm_record(log)
+    if rec is not None:
+        log(f"[fedray] a `fedray up` Ray already runs at {rec['address']} (record {warm_record_path()}); "
+            f"`fedray down` stops it")
+        return rec
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env.update(local_ray_env(), RAY_USAGE_STATS_ENABLED="0", RAY_preload_python_modules=",".join(PRELOAD_MODULES))
+    temp = tempfile.mkdtemp(prefix=Path(TEMP_PREFIX).name, dir=Path(TEMP_PREFIX).parent)
+    gcs = _free_port()
+    ray_bin = Path(sys.executable).parent / "ray"
+    cmd = [str(ray_bin) if ray_bin.exists() else sys.executable, *([] if ray_bin.exists() else ["-m", "ray.scripts.scripts"]),
+           "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+           f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
+           f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
+           f"--temp-dir={temp}", "--disable-usage-stats"]
+    cmd += [f"--num-cpus={int(num_cpus)}"] if num_cpus is not None else []
+    cmd += [f"--num-gpus={int(num_gpus)}"] if num_gpus is not None else []
+    cmd += [f"--object-store-memory={int(object_store_memory)}"] if object_store_memory else []
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    pid = _gcs_pid(temp)
+    if out.returncode != 0 or pid is None:
+        _stop(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+        raise RuntimeError(f"fedray up: `ray start --head` failed (exit {out.returncode}):\n"
+                           f"{(out.stdout + out.stderr)[-3000:]}")
+    rec = {"address": f"127.0.0.1:{gcs}", "temp_dir": temp, "gcs_pid": pid,
+           "token_path": env.get("RAY_AUTH_TOKEN_PATH"), "python": sys.executable, "fedray": str(FEDRAY_DIR),
+           "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "preload": list(PRELOAD_MODULES)}
+    path = warm_record_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    atomic_write_text(path, json.dumps(rec, indent=1) + "\n")
+    log(f"[fedray] Ray is up at {rec['address']} (127.0.0.1 only, token auth on; temp dir {temp}); "
+        f"`fedray run` uses it until `fedray down` (record {path})")
+    return rec
+
+
+def down(log=print) -> bool:
+    """Stop the recorded `fedray up` Ray, remove its record and temp dir; False when none was recorded."""
+    path = warm_record_path()
+    try:
+        rec = json.loads(path.read_text())
+        temp = str(rec["temp_dir"])
+    except FileNotFoundError:
+        log(f"[fedray] no `fedray up` Ray recorded ({path}): nothing to stop")
+        return False
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        path.unlink(missing_ok=True)
+        log(f"[fedray] removed an unreadable `fedray up` record {path} ({type(e).__name__}: {e})")
+        return False
+    if not temp.startswith(TEMP_PREFIX):  # never stop by a foreign marker
+        raise RuntimeError(f"fedray down: the record {path} names temp dir {temp!r}, not one fedray up made; "
+                           f"remove the record by hand")
+    n = _stop(temp)
+    path.unlink(missing_ok=True)
+    shutil.rmtree(temp, ignore_errors=True)
+    log(f"[fedray] stopped the `fedray up` Ray at {rec.get('address', '?')} ({n} processes)")
+    return True

@@ -1,0 +1,173 @@
+"""Starting a run's Ray side early, while the driver imports and loads data.
+
+Most of a cold ``fedray run``'s start-up is processes starting: Ray's own (GCS, raylet, agents) and then
+one Python process per actor (the coordinator and every client worker), each importing torch and fedray.
+None of that needs the run's data. :class:`EarlyStart` therefore joins or starts Ray in a background
+thread as soon as the config is known and starts the actors right away, without their arguments: a
+:class:`~fedray.engine.worker.ClientWorker` with no spec and a :class:`CoordinatorHost`. Once the data and
+the run directory are ready the driver hands them their arguments (``setup``), in the order every actor
+receives calls from one caller, so nothing they compute changes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from fedray.core.errors import ConfigError
+from fedray.core.ray_env import ensure_ray
+
+__all__ = ["Actors", "CoordinatorHost", "EarlyStart", "coordinator_options", "early_start", "start_actors"]
+
+
+def _no_sigterm_warning(record) -> bool:
+    """Ray warns that it set no SIGTERM handler when started from a thread; :class:`EarlyStart` sets it."""
+    return "SIGTERM handler is not set" not in record.getMessage()
+
+
+class CoordinatorHost:
+    """The coordinator actor's process, started before the run's arguments exist; :meth:`setup` builds the
+    :class:`~fedray.engine.coordinator.Coordinator` in it and :meth:`call` calls its methods."""
+
+    def __init__(self):
+        import fedray.engine.coordinator  # noqa: F401  (torch and the engine import now, not at setup)
+
+        self.coord = None
+
+    def setup(self, *args) -> bool:
+        from fedray.engine.coordinator import Coordinator
+
+        self.coord = Coordinator(*args)
+        return True
+
+    def call(self, method: str, *args):
+        return getattr(self.coord, method)(*args)
+
+
+def coordinator_options(cfg, ray) -> dict:
+    """Ray options of the coordinator actor: its CPUs and, with ``engine.coordinator_placement: driver``, a
+    hard affinity to the driver's node (a 0-CPU actor would otherwise land on any node, and its node's death
+    ends the run)."""
+    e = cfg.engine
+    opts = {"num_cpus": e.coordinator_num_cpus, "max_restarts": 0, "max_concurrency": 1}
+    if e.coordinator_placement == "driver":
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = ray.get_runtime_context().get_node_id()
+        cpus = next((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["NodeID"] == node), None)
+        if cpus is not None and e.coordinator_num_cpus > cpus:
+            raise ConfigError(f"engine.coordinator_placement: driver, but the driver's node has {cpus:g} CPUs for "
+                              f"engine.coordinator_num_cpus={e.coordinator_num_cpus:g}; use coordinator_placement: any")
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+    return opts
+
+
+@dataclass
+class Actors:
+    """A run's actors, started without their arguments."""
+
+    workers: list
+    coord: object
+    num_workers: int
+    worker_cpus: float
+    worker_gpus: float
+
+    def kill(self, ray) -> None:
+        for actor in [self.coord, *self.workers]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+
+
+def start_actors(cfg) -> Actors:
+    """Start the client workers and the coordinator host of ``cfg`` on the Ray this process joined, without
+    waiting for them."""
+    import ray
+
+    from fedray.engine.pool import RayPool, default_num_workers
+
+    n, wcpu, wgpu = default_num_workers(cfg, int(cfg.train.clients_per_round))
+    workers = RayPool.start(None, n, wcpu, wgpu)  # the client workers start while the coordinator host does
+    coord = ray.remote(CoordinatorHost).options(**coordinator_options(cfg, ray)).remote()
+    return Actors(workers, coord, n, wcpu, wgpu)
+
+
+class EarlyStart:
+    """Join or start Ray and start the run's actors in a background thread (``engine.backend: ray``);
+    :meth:`result` waits for it and raises what it raised. ``address`` / ``warm``: which cluster, as
+    :func:`~fedray.core.ray_env.ensure_ray` decides."""
+
+    def __init__(self, cfg, *, address: str | None = None, warm: bool = False, log=print):
+        self.t0 = time.perf_counter()  # the run's start-up counts from here
+        self.cfg, self.address, self.warm, self.log = cfg, address, warm, log
+        self.actors: Actors | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.ray_seconds: float | None = None  # when Ray was up (joined or started), from t0
+        self._set_sigterm_handler()
+        self.thread = threading.Thread(target=self._run, name="fedray-early-start", daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _set_sigterm_handler() -> None:
+        """What ``ray.init`` does from the main thread only: SIGTERM exits the driver (Ray's shutdown runs)."""
+        import signal
+        import sys
+
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+
+    def _run(self) -> None:
+        import logging
+
+        logging.getLogger("ray._private.worker").addFilter(_no_sigterm_warning)  # once: the same filter object
+        try:
+            e = self.cfg.engine
+            started = ensure_ray(e.object_store_memory, address=self.address, warm=self.warm, log=self.log)
+            self.ray_seconds = time.perf_counter() - self.t0
+            self.actors = start_actors(self.cfg)
+        except BaseException as err:  # noqa: BLE001 - re-raised by result() in the main thread
+            self.error = err
+            return
+        finally:
+            self.done.set()
+        if started:  # Ray's processes die with the thread that started them (PR_SET_PDEATHSIG): outlive them
+            import ray
+
+            while ray.is_initialized():
+                time.sleep(0.5)
+
+    def result(self) -> Actors:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.actors
+
+    def abort(self) -> None:
+        """The run stopped before it used the actors: kill them (they hold CPUs on a shared cluster)."""
+        self.done.wait()
+        if self.actors is not None:
+            import ray
+
+            self.actors.kill(ray)
+            self.actors = None
+
+
+def early_start(cfg, resume=None, address: str | None = None, warm: bool = False, log=print) -> EarlyStart | None:
+    """:class:`EarlyStart` for a ``ray``-backend run of ``cfg`` (or of the run directory ``resume``); None for
+    the in-process backend, or when the config cannot be read (``setup_run`` then says why)."""
+    if resume is not None:
+        from pathlib import Path
+
+        from fedray.config import load_config
+
+        try:
+            cfg = load_config(Path(resume) / "config.yaml")
+        except Exception:  # noqa: BLE001 - setup_run reports it
+            return None
+    if cfg is None or cfg.engine.backend != "ray":
+        return None
+    return EarlyStart(cfg, address=address or cfg.engine.ray_address, warm=warm, log=log)

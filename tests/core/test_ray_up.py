@@ -1,0 +1,119 @@
+"""fedray/core/ray_up.py: `fedray up` keeps a loopback Ray running, `fedray run` joins that recorded cluster
+(and says so) with the same bits as a cold run, `fedray down` stops exactly it; a stale record is dropped.
+
+The cluster of this module runs with its own XDG_CACHE_HOME (record and token), its own temp dir and ports:
+no other test, and no other user of the machine, can find or join it; FEDRAY_NO_WARM=1 (tests/conftest.py)
+keeps every other test's `fedray run` off any `fedray up` cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedray.core import ray_env, ray_up
+from tests.helpers import ROOT, run_quiet, small_config, terminate_matching
+
+
+def _env(cache: Path) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "FEDRAY_NO_WARM")}
+    env.update(XDG_CACHE_HOME=str(cache), PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", TQDM_DISABLE="1")
+    return env
+
+
+def _fedray(env: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "fedray", *args], env=env, capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.ray
+def test_up_run_down(tmp_path, partition_cache, ray_session):
+    """`fedray up` -> `fedray run` uses it (one line says so) and gives the cold run's weights -> `fedray down`
+    stops every process of it and removes the record."""
+    cache = tmp_path / "cache"
+    env = _env(cache)
+    cfg = small_config(tmp_path / "cold", partition_cache, train__rounds=2, train__clients_per_round=4,
+                       model={"name": "mlp", "params": {"hidden": [16]}},
+                       engine={"backend": "ray", "num_workers": 2, "worker_num_cpus": 0.5})
+    cold = run_quiet(cfg)  # the session's Ray: a cold start of the same run
+    cfg["output"]["root"] = str(tmp_path / "warm")
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    _fedray(env, "up", "--num-cpus", "2")
+    rec = json.loads((cache / "fedray" / "ray" / "up.json").read_text())
+    try:
+        assert rec["address"].startswith("127.0.0.1:") and rec["temp_dir"].startswith(ray_up.TEMP_PREFIX)
+        assert ray_up.cluster_pids(rec["temp_dir"])
+        again = _fedray(env, "up")  # already up: reported, not started twice
+        assert "already runs at " + rec["address"] in again.stdout
+        run = _fedray(env, "run", str(tmp_path / "run.yaml"), "-q")
+        assert f"using the warm Ray of `fedray up` at {rec['address']}" in run.stdout
+        run_dir = Path(run.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["weights_hash"] == cold.weights_hash
+        down = _fedray(env, "down")
+        assert "stopped the `fedray up` Ray at " + rec["address"] in down.stdout
+        assert not ray_up.cluster_pids(rec["temp_dir"])
+        assert not (cache / "fedray" / "ray" / "up.json").exists() and not Path(rec["temp_dir"]).exists()
+        assert "nothing to stop" in _fedray(env, "down").stdout
+    finally:
+        terminate_matching(rec["temp_dir"])
+
+
+def _record(monkeypatch, tmp_path, rec: dict | str) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = ray_env.warm_record_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(rec if isinstance(rec, str) else json.dumps(rec))
+    return path
+
+
+def test_stale_record_is_dropped_with_a_notice(monkeypatch, tmp_path):
+    """A record whose GCS process is gone, or whose port no longer answers, is removed and ignored (a cold
+    start follows); so is an unreadable one."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    lines = []
+    path = _record(monkeypatch, tmp_path, {"address": f"127.0.0.1:{port}", "temp_dir": "/tmp/fedray-up-gone",
+                                           "gcs_pid": os.getpid(), "token_path": None})
+    assert ray_env.read_warm_record(lines.append) is None  # this process does not run under that temp dir
+    assert not path.exists() and "is gone; starting a local Ray instead" in lines[-1]
+    # alive process with the marker in its command line, but nothing answers at the port
+    path.write_text(json.dumps({"address": f"127.0.0.1:{port}", "temp_dir": sys.executable, "gcs_pid": os.getpid()}))
+    assert ray_env.read_warm_record(lines.append) is None and not path.exists()
+    path.write_text("{not json")
+    assert ray_env.read_warm_record(lines.append) is None and "unreadable" in lines[-1] and not path.exists()
+    assert ray_env.read_warm_record(lines.append) is None and len(lines) == 3  # no record: silent
+
+
+def test_record_of_another_checkout_is_not_joined(monkeypatch, tmp_path):
+    """A running `fedray up` cluster whose workers import another checkout's fedray is not joined (the workers
+    would run other code than the driver); its record stays for the checkout that made it."""
+    with socket.socket() as s:  # a live "GCS": this process (its command line holds sys.executable), a port
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        lines = []
+        path = _record(monkeypatch, tmp_path, {"address": f"127.0.0.1:{s.getsockname()[1]}",
+                                               "temp_dir": sys.executable, "gcs_pid": os.getpid(),
+                                               "fedray": "/elsewhere/fedray"})
+        assert ray_env.read_warm_record(lines.append) is None
+        assert "its workers run fedray from /elsewhere/fedray" in lines[-1] and path.exists()
+        path.write_text(json.dumps({**json.loads(path.read_text()), "fedray": str(ray_env.FEDRAY_DIR)}))
+        assert ray_env.read_warm_record(lines.append)["gcs_pid"] == os.getpid() and len(lines) == 1
+
+
+def test_down_refuses_a_foreign_temp_dir(monkeypatch, tmp_path):
+    """`fedray down` stops processes by the recorded temp dir only when it is one `fedray up` made."""
+    _record(monkeypatch, tmp_path, {"address": "127.0.0.1:1", "temp_dir": "/tmp/ray", "gcs_pid": 1})
+    with pytest.raises(RuntimeError, match="not one fedray up made"):
+        ray_up.down(log=lambda *a: None)
