@@ -357,62 +357,18 @@ class StudyRunner:
 
     # ------------------------------------------------------------------------------ trial configs
     def _resources(self, cfg0: ExperimentConfig) -> tuple[int, dict]:
-        """(effective concurrency, resource description) for this cluster."""
-        e = cfg0.engine
+        """(effective concurrency, resource description) for this cluster (fedray.apps.slices)."""
+        from fedray.apps.slices import plan_slices
+
         r = self.spec.trial_resources
-        if e.backend == "ray":
-            import ray
-
-            from fedray.core.ray_env import ensure_ray
-
-            ensure_ray(cfg0.engine.object_store_memory, address=cfg0.engine.ray_address)
-            cr = ray.cluster_resources()
-            cpus, gpus = float(cr.get("CPU", 0.0)), float(cr.get("GPU", 0.0))
-        else:
-            cpus = float(len(os.sched_getaffinity(0)))
-            gpus = 0.0
-            if e.device != "cpu":
-                try:
-                    import torch
-
-                    gpus = float(torch.cuda.device_count())
-                except Exception:  # noqa: BLE001
-                    gpus = 0.0
-        if e.device == "cpu":
-            gpus = 0.0
-        workers = r.workers if r.workers is not None else int(e.num_workers or 1)
-        cpw = r.cpus_per_worker if r.cpus_per_worker is not None else float(e.worker_num_cpus)
-        gpw = r.gpus_per_worker
-        if gpw is None:
-            gpw = e.worker_num_gpus if e.worker_num_gpus is not None else (1.0 / e.workers_per_gpu if gpus > 0 else 0.0)
-        if e.backend == "ray":
-            t_cpu = workers * cpw + float(e.coordinator_num_cpus)
-        else:
-            t_cpu = float(e.torch_threads)
-        t_gpu = workers * float(gpw)
-        if t_gpu > 0 and gpus <= 0:
-            raise ConfigError(f"trial_resources.gpus_per_worker: {gpw} GPUs per worker requested but the "
-                              f"{'cluster' if e.backend == 'ray' else 'machine'} has no GPU")
-        cap = self.spec.concurrency
-        if t_cpu > 0:
-            cap = min(cap, int(cpus / t_cpu + 1e-9))
-        if t_gpu > 0:
-            cap = min(cap, int(gpus / t_gpu + 1e-9))
-        if cap < 1:
-            raise ConfigError(f"trial_resources: one trial needs {t_cpu:g} CPUs and {t_gpu:g} GPUs but the "
-                              f"{'cluster' if e.backend == 'ray' else 'machine'} has {cpus:g} CPUs and {gpus:g} GPUs")
-        desc = {"backend": e.backend, "workers": workers, "cpus_per_worker": cpw, "gpus_per_worker": float(gpw),
-                "cpus_per_trial": t_cpu, "gpus_per_trial": t_gpu, "cluster_cpus": cpus, "cluster_gpus": gpus,
-                "concurrency_requested": self.spec.concurrency, "concurrency": cap}
-        return cap, desc
+        return plan_slices(cfg0, self.spec.concurrency, workers=r.workers, cpus_per_worker=r.cpus_per_worker,
+                           gpus_per_worker=r.gpus_per_worker, field="trial_resources")
 
     def trial_config(self, number: int, params: dict) -> ExperimentConfig:
         """The experiment config of trial ``number``: base config + params + the trial's resources/outputs."""
-        data = self.spec.config_with(params)
-        eng = data.setdefault("engine", {})
-        eng["num_workers"] = int(self._res["workers"])
-        eng["worker_num_cpus"] = float(self._res["cpus_per_worker"])
-        eng["worker_num_gpus"] = float(self._res["gpus_per_worker"])
+        from fedray.apps.slices import apply_slice
+
+        data = apply_slice(self.spec.config_with(params), self._res)
         out = data.setdefault("output", {})
         out["root"] = str(self.trials_root)
         out["name"] = f"trial-{number:04d}"
@@ -643,9 +599,14 @@ class StudyRunner:
         """Keep ``cap`` trials in flight until the budget/timeout; returns (interrupted, abort reason)."""
         from optuna.trial import TrialState
 
+        from fedray.reporting.progress import ProgressBar
+
         spec = self.spec
         done = sum(1 for t in study.get_trials(deepcopy=False) if _counts_toward_budget(t))
         deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
+        # trials done / budget on a terminal (the [tune] lines print above it); the lines alone otherwise
+        bar = ProgressBar(budget, "trial", desc=f"study {spec.name}", initial=min(done, budget), log=self.log)
+        say = bar.write
         dists = spec.distributions()
         running: dict = {}
         failures = 0
@@ -685,7 +646,11 @@ class StudyRunner:
                 failures = 0
             what = {"complete": f"value {out.values}", "pruned": f"pruned after round {out.rounds}",
                     "interrupted": "interrupted (re-enqueued)", "fail": f"FAILED: {out.error}"}[out.state]
-            self.log(f"[tune] trial {out.number} {what} ({out.rounds} rounds, {out.seconds:.1f} s)")
+            say(f"[tune] trial {out.number} {what} ({out.rounds} rounds, {out.seconds:.1f} s)")
+            if bar.active:
+                with self._lock:
+                    best = _best_postfix(study, spec)
+                bar.update(0 if out.state == "interrupted" else 1, **best)
 
         try:
             with cf.ThreadPoolExecutor(max_workers=cap, thread_name_prefix="fedray-trial") as pool:
@@ -695,7 +660,7 @@ class StudyRunner:
                                and (deadline is None or time.monotonic() < deadline)):
                             with self._lock:
                                 trial = study.ask(dists)
-                            self.log(f"[tune] trial {trial.number} started: {json.dumps(trial.params, sort_keys=True)}")
+                            say(f"[tune] trial {trial.number} started: {json.dumps(trial.params, sort_keys=True)}")
                             running[pool.submit(self._run_trial, trial)] = trial
                         if not running:
                             break
@@ -705,16 +670,27 @@ class StudyRunner:
                 except KeyboardInterrupt:
                     interrupted = True
                     self._stop.set()
-                    self.log(f"[tune] interrupted: stopping {len(running)} running trial(s) at their next round "
-                             f"(they are re-enqueued for --resume)")
+                    say(f"[tune] interrupted: stopping {len(running)} running trial(s) at their next round "
+                        f"(they are re-enqueued for --resume)")
                     for fut in cf.as_completed(list(running)):
                         settle(fut, running.pop(fut))
         finally:
+            bar.close()
             if prev is not None:
                 signal.signal(signal.SIGTERM, prev)
         if abort:
             self.log(f"[tune] study stopped: {abort}")
         return interrupted, abort
+
+
+def _best_postfix(study, spec: StudySpec) -> dict:
+    """The progress bar's ``best=``: the best value so far (single objective), else the Pareto front's size."""
+    try:
+        if spec.multi_objective:
+            return {"pareto": len(study.best_trials)}
+        return {"best": f"{study.best_value:.4g}"}
+    except ValueError:  # no completed trial yet
+        return {}
 
 
 def tune(study_path: str | Path, *, storage: str | None = None, resume: bool = False,
