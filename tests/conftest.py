@@ -30,10 +30,9 @@ if str(ROOT) not in sys.path:
 def ray_session():
     import ray
 
-    from fedray.core.ray_env import ensure_ray
+    from tests.helpers import start_test_ray
 
-    # "local": the tests' own instance, even when the shell has RAY_ADDRESS set
-    ensure_ray(1 << 30, address="local", num_cpus=4, num_gpus=1, log_to_driver=False, configure_logging=False)
+    start_test_ray()
     yield ray
     ray.shutdown()
 

@@ -87,6 +87,16 @@ def split_config(tmp_path, partition_cache, name, params=None, model_params=None
                         algorithm={"name": name, "params": algo_params}, **over)
 
 
+# ------------------------------------------------------------------ Ray instances of the tests
+def start_test_ray() -> None:
+    """The test session's local Ray (the ``ray_session`` fixture; a module that needed another cluster in this
+    process starts it again): 4 logical CPUs, 1 fake GPU, started by fedray's ``ensure_ray``."""
+    from fedray.core.ray_env import ensure_ray
+
+    # "local": the tests' own instance, even when the shell has RAY_ADDRESS set
+    ensure_ray(1 << 30, address="local", num_cpus=4, num_gpus=1, log_to_driver=False, configure_logging=False)
+
+
 # ------------------------------------------------------------------ a `ray start --head` of a test module's own
 def free_port() -> int:
     import socket

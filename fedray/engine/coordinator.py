@@ -73,6 +73,12 @@ class Coordinator:
 
         return ray.get_runtime_context().get_node_id()
 
+    def workers(self) -> list[dict]:
+        """Every worker the pool has had: name, Ray node (None in-process) and state (live, starting, retired);
+        replacements that are ready by now count as live."""
+        self.pool.poll()
+        return self.pool.workers_info()
+
     def get_weights(self) -> np.ndarray:
         return self.weights
 
@@ -138,6 +144,7 @@ class Coordinator:
         report["seconds"] = secs
         report["seconds_total"] = float(sum(secs.values()))
         report["memory"] = self.memory()
+        report["workers"] = self.pool.size  # live at the round's end (fewer after a worker was lost for good)
         report["ledger"] = [row.as_dict() for row in res.ledger]
         return report
 

@@ -13,7 +13,15 @@ What to do with a failure is decided in one place, :class:`FailurePolicy`, as a 
 - **Split tasks** (``atomic=True``): a worker holds its clients' state for the whole round, so a failure
   resubmits the worker's whole task (pinned to that worker, flagged ``replay``). A client cannot be
   dropped half-way through a round: more than ``max_client_retries`` failures abort the round.
-- More than ``engine.max_worker_restarts`` worker replacements in one round abort the run.
+- A lost worker's slot is given back to the pool (``pool.replace``): the in-process pool replaces it in place;
+  the Ray pool retires the slot and starts a replacement in the background, which joins the round when it is
+  ready (:meth:`TaskScheduler._refill`). Meanwhile the round goes on with the workers left (the pool
+  shrinks); tasks pinned to a retired slot (split) move to a live one and are replayed there. Only when no
+  worker is left does the scheduler wait for a replacement, and when none can come the run aborts naming the
+  lost workers. Each worker started after the pool's start counts as a restart (a replacement, or a new start
+  of a replacement that died before it was ready); losing a worker with ``engine.max_worker_restarts``
+  restarts already made in the round aborts the run, and past the limit a dead replacement is not started
+  again.
 - A client error that is a configuration error (``outcome.fatal``) aborts the run at once: no retry fixes it.
 - After a federated round, more dropped clients than ``engine.max_dropped_fraction`` of the sampled ones
   (default 0: any) abort the run, and so does a round in which every client was dropped
@@ -34,7 +42,7 @@ from typing import Callable
 from fedray.engine.outcomes import WorkerLost
 from fedray.engine.round_report import LedgerRow
 
-__all__ = ["FailureDecision", "FailurePolicy", "RoundAborted", "RunAborted", "Task", "TaskScheduler"]
+__all__ = ["FailureDecision", "FailurePolicy", "RoundAborted", "RunAborted", "Task", "TaskScheduler", "live_workers"]
 
 
 class FailureDecision(enum.Enum):
@@ -81,6 +89,15 @@ class FailurePolicy:
         return FailureDecision.ABORT_RUN if restarts >= self.max_worker_restarts else FailureDecision.RETRY
 
 
+def live_workers(pool, rnd: int) -> list[int]:
+    """At the start of round ``rnd``: the pool's live slots, after taking in the replacements that are ready;
+    with none live, wait for one (``pool.await_worker``), and abort the run when none can come."""
+    pool.poll()
+    if not pool.slots and not pool.await_worker():
+        raise RunAborted(f"round {rnd}: no client worker left: {pool.lost_summary()}")
+    return pool.slots
+
+
 @dataclass(frozen=True)
 class Task:
     """Clients for one worker call: ``items[i] = (sampled position, client id, ...)``."""
@@ -110,10 +127,16 @@ class TaskScheduler:
         self.dropped: list[int] = []
         self.last_error: dict[int, str] = {}  # client id -> first line of its last error
         self.restarts0 = pool.restarts
-        self._idle = list(range(pool.size))
+        self._idle: list[int] = []
+        self._known: set[int] = set()  # every slot seen live in this round (retired ones stay in it)
+        self._retired: set[int] = set()
+        self._moved: dict[int, int] = {}  # pinned slot -> the live slot its tasks run on now (split)
+        self._replay_due: set[int] = set()  # pinned slots whose clients' state was lost (split)
+        self._pinned: set[int] = set()  # every slot a task was pinned to in this round
         self._queue: list = []  # heap of (first position, sequence, task)
         self._seq = itertools.count()
         self._inflight: dict = {}  # handle -> (worker, task)
+        self._refill()
 
     @property
     def worker_restarts(self) -> int:
@@ -135,8 +158,15 @@ class TaskScheduler:
         while self._queue or self._inflight:
             if stop is not None and stop():
                 return
+            self._refill()
             self._start(call, may_start)
             timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            if self._queue and not self._inflight and not self._idle:  # no worker left
+                if not self.pool.await_worker(self._may_restart(), timeout):
+                    if deadline is not None and time.perf_counter() >= deadline:
+                        return
+                    raise RunAborted(f"round {self.rnd}: no client worker left{label}: {self.pool.lost_summary()}")
+                continue
             ready = self.pool.wait(list(self._inflight), timeout=timeout)
             if not ready and deadline is not None and time.perf_counter() >= deadline:
                 return
@@ -178,6 +208,36 @@ class TaskScheduler:
         return [r.as_dict() for r in self.ledger]
 
     # ----------------------------------------------------------------------------------------------
+    def _may_restart(self) -> bool:
+        return self.policy.worker_lost(self.worker_restarts) is FailureDecision.RETRY
+
+    def _refill(self) -> None:
+        """Replacements that became ready join the idle workers."""
+        self.pool.poll(self._may_restart())
+        for s in self.pool.slots:
+            if s not in self._known:
+                self._known.add(s)
+                self._idle.append(s)
+
+    def _owner(self, w: int, adopt: bool = True) -> int | None:
+        """The live slot that runs the tasks pinned to slot ``w``: ``w`` itself, or (``w`` retired) the live slot
+        its tasks moved to, chosen now if needed (the one with the fewest moved slots, then the lowest); None
+        when no worker is live (or not ``adopt`` and none was chosen yet)."""
+        live = self._known - self._retired
+        seen = set()
+        while w not in live and w not in seen:
+            seen.add(w)
+            if w not in self._moved or self._moved[w] in seen:
+                if not live or not adopt:
+                    return None
+                load = {s: 0 for s in live}
+                for target in self._moved.values():
+                    if target in load:
+                        load[target] += 1
+                self._moved[w] = min(sorted(live), key=lambda s: (load[s], s))
+            w = self._moved[w]
+        return w if w in live else None
+
     def _start(self, call, may_start) -> None:
         held = []
         while self._idle and self._queue:
@@ -186,11 +246,15 @@ class TaskScheduler:
                 break
             heapq.heappop(self._queue)
             if task.worker is not None:
-                if task.worker not in self._idle:
+                widx = self._owner(task.worker)
+                if widx is None or widx not in self._idle:
                     held.append((first, seq, task))
                     continue
-                self._idle.remove(task.worker)
-                widx = task.worker
+                self._idle.remove(widx)
+                self._pinned.add(task.worker)
+                if task.worker in self._replay_due:  # its clients' state died with the slot it ran on
+                    self._replay_due.discard(task.worker)
+                    task = replace(task, replay=True)
             else:
                 widx = self._idle.pop()
             self._inflight[call(widx, task)] = (widx, task)
@@ -224,14 +288,19 @@ class TaskScheduler:
             raise RunAborted(
                 f"round {self.rnd}: more than engine.max_worker_restarts={self.policy.max_worker_restarts} worker "
                 f"restarts; last error: {err}") from err
-        self.pool.replace(widx)
-        self._idle.append(widx)
+        held_here = {w for w in self._pinned if self._owner(w, adopt=False) == widx}  # state that lived on widx
+        name = self.pool.name(widx)
+        if self.pool.replace(widx):
+            self._idle.append(widx)
+        else:
+            self._retired.add(widx)
+        self._replay_due |= held_here
         for item in task.items:
-            self._failure_row(item[1], f"worker lost{label}: {err}", worker=f"w{widx}",
+            self._failure_row(item[1], f"worker lost{label}: {err}", worker=name,
                               attempt=self.attempts[int(item[1])] + 1)
         if self.atomic:  # the worker's clients are rebuilt and replayed together; no client is charged
             self.retries += 1
-            self.push(replace(task, worker=widx, replay=True))
+            self.push(replace(task, worker=widx if task.worker is None else task.worker, replay=True))
             return
         again = tuple(item for item in task.items if self._client_failed(int(item[0]), int(item[1]), on_drop))
         if again:  # one task again, so multi-client groups keep their members
@@ -270,4 +339,4 @@ class TaskScheduler:
                     f"(engine.max_client_retries={self.policy.max_client_retries}); a split round cannot drop a "
                     f"client mid-round. Last error: {o.error}")
         self.retries += 1
-        self.push(replace(task, worker=widx, replay=True))
+        self.push(replace(task, worker=widx if task.worker is None else task.worker, replay=True))

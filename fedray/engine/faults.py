@@ -3,6 +3,10 @@
 ``{kind: exit|raise, round: R, client: C, times: T[, iteration: I]}``: the first T times client C of round
 R is started anywhere, its worker process exits (``exit``, like a crash or an OOM kill) or the client
 raises (``raise``); ``iteration`` restricts it to one task of a split round (0 .. local_iters).
+``{kind: hang, round: R, client: C}``: the first time client C of round R starts, its worker writes its Ray node
+id (``-`` without Ray) to ``<run dir>/faults/hang-rR-cC`` and blocks there, so that a test can remove that node
+while the client's task is in flight (a deterministic mid-round node loss); after ``HANG_S`` it raises instead,
+so a test that never ends it cannot hang the run.
 ``{kind: driver_exit, round: R}``: the driver process exits hard once, before round R.
 ``{kind: coordinator_exit, round: R}``: the coordinator process exits hard once, in the middle of round R
 (when the scheduler takes the round's first finished task, i.e. after the round's tasks were dispatched).
@@ -13,9 +17,15 @@ replacements, retries and concurrent workers.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 
-__all__ = ["FaultInjector"]
+from fedray.core.io import atomic_write_text
+
+__all__ = ["FaultInjector", "HANG_S"]
+
+HANG_S = 300.0
 
 
 class FaultInjector:
@@ -30,9 +40,12 @@ class FaultInjector:
             return
         if iteration is not None and "iteration" in f and int(f["iteration"]) != iteration:
             return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if f.get("kind") == "hang":
+            self._hang(rnd, cid)
+            return
         times = int(f.get("times", 1))
         marker = self.dir / f"r{rnd}-c{cid}"
-        self.dir.mkdir(parents=True, exist_ok=True)
         for i in range(times):
             try:
                 fd = os.open(f"{marker}.{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -42,6 +55,20 @@ class FaultInjector:
             if f.get("kind", "exit") == "exit":
                 os._exit(17)
             raise RuntimeError(f"injected fault in round {rnd}, client {cid}")
+
+    def _hang(self, rnd: int, cid: int) -> None:
+        name = self.dir / f"hang-r{rnd}-c{cid}"
+        try:
+            os.close(os.open(f"{name}.taken", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:  # hung once already: this is the client's re-run
+            return
+        ray = sys.modules.get("ray")
+        node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else "-"
+        atomic_write_text(name, node)
+        deadline = time.monotonic() + HANG_S
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise RuntimeError(f"injected hang in round {rnd}, client {cid}: nobody ended it in {HANG_S:.0f} s")
 
     def driver(self, rnd: int) -> None:
         """Called by the driver before round ``rnd``: a hard crash of the driver, once."""

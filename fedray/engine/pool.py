@@ -1,14 +1,24 @@
 """Worker pools: the same interface over Ray actors and over in-process workers.
 
 The round programs only talk to a pool: ``put`` an object once per round, ``submit(i, method, ...)``
-a call of a :class:`~fedray.engine.worker.ClientWorker` method to worker ``i``, ``wait`` for finished
-tasks, read a ``result`` (raising :class:`WorkerLost` when the worker process died), ``replace`` a dead
-worker, ``cancel`` unfinished tasks, ``call_all`` a method on every worker.
+a call of a :class:`~fedray.engine.worker.ClientWorker` method to worker ``i`` (one of ``slots``, the
+live workers), ``wait`` for finished tasks, read a ``result`` (raising :class:`WorkerLost` when the worker
+process died), ``replace`` a dead worker, ``cancel`` unfinished tasks, ``call_all`` a method on every
+live worker.
+
+**Shrink and grow (Ray).** ``replace(i)`` retires slot ``i`` for good and starts a replacement actor in a
+new slot without waiting for it: the round goes on with the workers left (a lost node with no spare
+capacity shrinks the pool). ``poll()`` adds replacements whose start-up call returned to ``slots`` (a
+replacement that died before it was ready is started again when the scheduler allows it); ``wait`` also
+wakes up when a replacement becomes ready. ``await_worker`` blocks only when no worker is left, until a
+replacement is ready or none can come (no alive node can host one, or ``WORKER_START_TIMEOUT_S``).
+The in-process pool replaces a worker in place (``replace`` returns True: the slot is usable again).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from fedray.core.errors import ConfigError
@@ -16,7 +26,10 @@ from fedray.engine.outcomes import WorkerLost
 from fedray.engine.replica import WorkerSpec
 from fedray.engine.worker import ClientWorker
 
-__all__ = ["LocalPool", "RayPool", "WorkerLost", "default_num_workers"]
+__all__ = ["LocalPool", "PoolBase", "RayPool", "WorkerLost", "default_num_workers"]
+
+#: How long a pool waits for workers to start: all of them at start-up, or a replacement when no worker is left.
+WORKER_START_TIMEOUT_S = 600.0
 
 
 @dataclass(eq=False)
@@ -26,7 +39,31 @@ class _LocalHandle:
     error: BaseException | None = None
 
 
-class LocalPool:
+class PoolBase:
+    """What the scheduler needs of a pool beyond submit/wait/result, for a pool that replaces a lost worker
+    in place (its slots are ``0 .. size-1`` for good): :class:`LocalPool`, the unit tests' fake pools."""
+
+    size: int
+
+    @property
+    def slots(self) -> list[int]:
+        return list(range(self.size))
+
+    def name(self, widx: int) -> str:
+        return f"w{widx}"
+
+    def poll(self, respawn: bool = True) -> None:
+        """Take in replacements that are ready (none here: replacement is in place)."""
+
+    def await_worker(self, respawn: bool = True, timeout: float | None = None) -> bool:
+        """No worker is live: wait for one; False when none can come."""
+        return bool(self.slots)
+
+    def lost_summary(self) -> str:
+        return "no worker in the pool"
+
+
+class LocalPool(PoolBase):
     """In-process workers (no Ray): tasks run synchronously at submit time. For debugging and tests."""
 
     kind = "local"
@@ -39,6 +76,9 @@ class LocalPool:
     @property
     def size(self) -> int:
         return len(self.workers)
+
+    def name(self, widx: int) -> str:
+        return self.workers[widx].name
 
     def put(self, obj):
         return obj
@@ -60,9 +100,14 @@ class LocalPool:
             raise WorkerLost(f"in-process worker w{h.widx} failed: {h.error!r}") from h.error
         return h.value
 
-    def replace(self, widx: int) -> None:
+    def replace(self, widx: int) -> bool:
+        """A new in-process worker in slot ``widx``, at once: True (the slot is usable again)."""
         self.workers[widx] = ClientWorker(self.spec, f"w{widx}.{self.restarts + 1}")
         self.restarts += 1
+        return True
+
+    def workers_info(self) -> list[dict]:
+        return [{"name": w.name, "node": None, "state": "live"} for w in self.workers]
 
     def cancel(self, handles: list) -> None:
         return None
@@ -75,7 +120,9 @@ class LocalPool:
 
 
 class RayPool:
-    """A fixed pool of ``ClientWorker`` actors with fractional CPU/GPU resources."""
+    """A pool of ``ClientWorker`` actors with fractional CPU/GPU resources that shrinks when workers are lost
+    and grows back as their replacements start (module docstring). Slots are never reused: a retired slot
+    stays retired, a replacement gets a new slot."""
 
     kind = "ray"
 
@@ -94,7 +141,12 @@ class RayPool:
         if actors is not None and len(actors) != num_workers:
             raise ValueError(f"RayPool: {len(actors)} pre-started workers given for num_workers={num_workers}")
         self.workers = list(actors) if actors is not None else self.start(spec, num_workers, num_cpus, num_gpus)
-        self._ready(self.workers)
+        self.names = [f"w{i}" for i in range(num_workers)]
+        self.nodes: list[str | None] = self._ready(self.workers)  # the Ray node of each slot
+        self.live = [True] * num_workers  # False: retired, or a replacement still starting
+        self.lost: list[str] = []  # "<name> (node <id>)" of every worker lost, for error messages
+        self._pending: dict = {}  # node_id() ref of a starting replacement -> its slot
+        self._respawn: list[int] = []  # slots whose replacement died before it was ready
 
     @staticmethod
     def _actor_cls(num_cpus: float, num_gpus: float):
@@ -109,8 +161,9 @@ class RayPool:
         actor_cls = cls._actor_cls(num_cpus, num_gpus)
         return [actor_cls.remote(spec, f"w{i}") for i in range(num_workers)]
 
-    def _ready(self, actors, timeout: float = 600.0):
-        refs = [a.ping.remote() for a in actors]
+    def _ready(self, actors, timeout: float = WORKER_START_TIMEOUT_S) -> list:
+        """Wait for the pool's first workers; their nodes."""
+        refs = [a.node_id.remote() for a in actors]
         ready, pending = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if pending:
             raise RuntimeError(
@@ -118,26 +171,36 @@ class RayPool:
                 f"may lack the requested resources (num_cpus={self.num_cpus}, num_gpus={self.num_gpus} per worker); "
                 f"available: {self.ray.available_resources()}"
             )
-        self.ray.get(ready)
+        return self.ray.get(refs)
+
+    @property
+    def slots(self) -> list[int]:
+        """The live workers' slots (the scheduler submits to these only)."""
+        return [i for i, ok in enumerate(self.live) if ok]
 
     @property
     def size(self) -> int:
-        return len(self.workers)
+        return len(self.slots)
+
+    def name(self, widx: int) -> str:
+        return self.names[widx]
 
     def put(self, obj):
         return self.ray.put(obj)
 
     def submit(self, widx: int, method: str, *args):
         """Call ``ClientWorker.<method>(*args)`` on actor ``widx``; returns the result's object ref."""
+        if not self.live[widx]:
+            raise RuntimeError(f"RayPool: slot {widx} ({self.names[widx]}) is not a live worker")
         return getattr(self.workers[widx], method).remote(*args)
 
     def wait(self, handles: list, timeout: float | None = None) -> list:
+        """The finished ones of ``handles`` (blocks until one is, or a replacement becomes ready: then [])."""
         if not handles:
             return []
-        ready, _ = self.ray.wait(handles, num_returns=1, timeout=timeout)
+        ready, _ = self.ray.wait(handles + list(self._pending), num_returns=1, timeout=timeout)
         if ready:
-            more, _ = self.ray.wait(handles, num_returns=len(handles), timeout=0)
-            ready = more or ready
+            ready, _ = self.ray.wait(handles, num_returns=len(handles), timeout=0)
         return ready
 
     def result(self, ref):
@@ -150,17 +213,84 @@ class RayPool:
         except rex.RayTaskError as e:  # an exception escaped run_clients itself (not a client)
             raise WorkerLost(f"worker task failed: {str(e).splitlines()[0]}") from e
 
-    def replace(self, widx: int) -> None:
-        old = self.workers[widx]
-        try:
-            self.ray.kill(old, no_restart=True)
-        except Exception:  # noqa: BLE001 - already dead
-            pass
-        self.restarts += 1
-        new = self.actor_cls.remote(self.spec, f"w{widx}.{self.restarts}")
-        self._ready([new])
-        self.workers[widx] = new
+    # ------------------------------------------------------------------------------ shrink and grow
+    def replace(self, widx: int) -> bool:
+        """Worker ``widx`` died: retire its slot, start a replacement in a new slot (not waited for). False:
+        the slot is not usable again."""
+        self._kill(self.workers[widx])
+        self.live[widx] = False
+        node = self.nodes[widx]
+        self.lost.append(f"{self.names[widx]} (node {node[:12] if node else '?'})")
+        self._spawn(widx)
+        return False
 
+    def _spawn(self, widx: int) -> None:
+        """Start a replacement for slot ``widx``'s worker in a new slot, named after its lineage (w0.1, w0.3)."""
+        self.restarts += 1
+        name = f"{self.names[widx].split('.')[0]}.{self.restarts}"
+        actor = self.actor_cls.remote(self.spec, name)
+        self.workers.append(actor)
+        self.names.append(name)
+        self.nodes.append(None)
+        self.live.append(False)
+        self._pending[actor.node_id.remote()] = len(self.workers) - 1
+
+    def poll(self, respawn: bool = True) -> None:
+        """Take in the replacements that are ready now; one that died before it was ready is started again
+        when ``respawn`` (the scheduler's restart budget allows), else later."""
+        from ray import exceptions as rex
+
+        if self._pending:
+            done, _ = self.ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
+            for ref in done:
+                slot = self._pending.pop(ref)
+                try:
+                    self.nodes[slot] = self.ray.get(ref)
+                    self.live[slot] = True
+                except (rex.RayActorError, rex.RayTaskError, rex.WorkerCrashedError) as e:
+                    self.lost.append(f"{self.names[slot]} (died starting: {str(e).splitlines()[0][:120]})")
+                    self._respawn.append(slot)
+        while respawn and self._respawn:
+            self._spawn(self._respawn.pop(0))
+
+    def await_worker(self, respawn: bool = True, timeout: float | None = None) -> bool:
+        """No worker is left: block until a replacement is ready (True), or none can come (False): nothing is
+        starting, no alive node has the resources of a worker, or ``timeout`` passed."""
+        deadline = time.monotonic() + (WORKER_START_TIMEOUT_S if timeout is None else timeout)
+        while True:
+            self.poll(respawn)
+            if self.slots:
+                return True
+            if not self._pending or not self._capacity() or time.monotonic() >= deadline:
+                return False
+            left = deadline - time.monotonic()
+            self.ray.wait(list(self._pending), num_returns=1, timeout=max(0.0, min(1.0, left)))
+
+    def _capacity(self) -> bool:
+        """Whether an alive node has the CPUs and GPUs of one worker (in total, free or not)."""
+        for n in self.ray.nodes():
+            res = n.get("Resources", {})
+            if n.get("Alive") and res.get("CPU", 0.0) >= self.num_cpus and res.get("GPU", 0.0) >= self.num_gpus:
+                return True
+        return False
+
+    def lost_summary(self) -> str:
+        """Why no worker is left, for the run's error."""
+        lost = ", ".join(self.lost) or "none"
+        if self._pending and self._capacity():
+            return (f"workers lost: {lost}; no replacement started within {WORKER_START_TIMEOUT_S:.0f} s "
+                    f"(num_cpus={self.num_cpus:g}, num_gpus={self.num_gpus:g} per worker)")
+        return (f"workers lost: {lost}; no alive Ray node can host a replacement (num_cpus={self.num_cpus:g}, "
+                f"num_gpus={self.num_gpus:g} per worker)")
+
+    def workers_info(self) -> list[dict]:
+        """Every slot's worker: name, node, and state (live, starting or retired)."""
+        starting = set(self._pending.values())
+        return [{"name": self.names[i], "node": self.nodes[i],
+                 "state": "live" if self.live[i] else ("starting" if i in starting else "retired")}
+                for i in range(len(self.workers))]
+
+    # ------------------------------------------------------------------------------
     def cancel(self, handles: list) -> None:
         for h in handles:
             try:
@@ -169,16 +299,19 @@ class RayPool:
                 pass
 
     def call_all(self, method: str, timeout: float | None = None) -> list:
-        """``ClientWorker.<method>()`` on every worker, in worker order."""
-        return self.ray.get([getattr(a, method).remote() for a in self.workers], timeout=timeout)
+        """``ClientWorker.<method>()`` on every live worker, in slot order."""
+        return self.ray.get([getattr(self.workers[i], method).remote() for i in self.slots], timeout=timeout)
+
+    def _kill(self, actor) -> None:
+        try:
+            self.ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
 
     def shutdown(self) -> None:
-        for w in self.workers:
-            try:
-                self.ray.kill(w, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
-        self.workers = []
+        for w in self.workers:  # retired ones too: a kill of a dead actor is a no-op
+            self._kill(w)
+        self.workers, self.live, self._pending, self._respawn = [], [], {}, []
 
 
 def default_num_workers(cfg, clients_per_round: int) -> tuple[int, float, float]:

@@ -44,11 +44,15 @@ class ClientWorker:
         self.faults = FaultInjector(self.replica.cfg.engine.fault_injection, spec.run_dir)
         return self.name
 
-    def ping(self) -> str:
-        return self.name
-
     def pid(self) -> int:
         return os.getpid()
+
+    def node_id(self) -> str | None:
+        """The Ray node this worker runs on (None in-process, without Ray); the pool's start-up call."""
+        import sys
+
+        ray = sys.modules.get("ray")
+        return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
 
     def memory(self) -> dict:
         """This process's resident memory now and at peak (VmHWM), in MB (NaN where /proc is missing)."""

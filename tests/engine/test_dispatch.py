@@ -9,8 +9,17 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from fedray.engine.dispatch import FailureDecision, FailurePolicy, RoundAborted, RunAborted, Task, TaskScheduler
+from fedray.engine.dispatch import (
+    FailureDecision,
+    FailurePolicy,
+    RoundAborted,
+    RunAborted,
+    Task,
+    TaskScheduler,
+    live_workers,
+)
 from fedray.engine.outcomes import ClientOutcome, WorkerLost
+from fedray.engine.pool import PoolBase
 
 
 @dataclass(eq=False)
@@ -21,7 +30,7 @@ class Handle:
     what: object
 
 
-class FakePool:
+class FakePool(PoolBase):
     """Runs tasks synchronously; ``behaviour(widx, items, attempt) -> 'ok' | 'lost' | 'never' | {cid: 'raise'}``
     scripts what happens (attempt counts submissions of the same first position)."""
 
@@ -58,6 +67,7 @@ class FakePool:
     def replace(self, widx):
         self.restarts += 1
         self.replaced.append(widx)
+        return True  # in place, like the in-process pool
 
     def cancel(self, handles):
         self.cancelled += len(handles)
@@ -218,3 +228,130 @@ def test_a_configuration_error_is_fatal_at_once():
     with pytest.raises(RunAborted, match=r"client 11: ConfigError: model has no feature tap 'nope'"):
         _run(pool, _tasks([10, 11, 12]), FailurePolicy(max_client_retries=5, max_worker_restarts=5))
     assert sum(items == ((1, 11),) for _, items, _ in pool.submitted) == 1  # never retried
+
+
+# ------------------------------------------------------------------ a pool that shrinks and grows (like RayPool)
+class ShrinkingPool(FakePool):
+    """Like the Ray pool: a lost worker's slot is retired for good; its replacement gets a new slot and is ready
+    after ``start_polls`` polls (None: never, as with no spare capacity in the cluster)."""
+
+    def __init__(self, size=2, behaviour=None, start_polls=None):
+        super().__init__(size, behaviour)
+        self.live, self.pending, self.next, self.start_polls, self.lost = list(range(size)), {}, size, start_polls, []
+
+    @property
+    def size(self):
+        return len(self.live)
+
+    @size.setter
+    def size(self, n):  # FakePool.__init__ sets it
+        pass
+
+    @property
+    def slots(self):
+        return sorted(self.live)
+
+    def replace(self, widx):
+        assert widx in self.live, f"a retired slot {widx} was reported lost again"
+        self.restarts += 1
+        self.replaced.append(widx)
+        self.live.remove(widx)
+        self.lost.append(f"w{widx}")
+        if self.start_polls is not None:
+            self.pending[self.next] = self.start_polls
+        self.next += 1
+        return False
+
+    def submit(self, widx, items, replay=False):
+        assert widx in self.live, f"submitted to slot {widx}, which is not live ({self.live})"
+        return super().submit(widx, items, replay)
+
+    def poll(self, respawn=True):
+        for s in list(self.pending):
+            self.pending[s] -= 1
+            if self.pending[s] <= 0:
+                del self.pending[s]
+                self.live.append(s)
+
+    def await_worker(self, respawn=True, timeout=None):
+        while self.pending and not self.live:
+            self.poll(respawn)
+        return bool(self.live)
+
+    def lost_summary(self):
+        return "workers lost: " + ", ".join(self.lost)
+
+
+def _lost_once(slot):
+    return lambda widx, items, attempt: "lost" if widx == slot and attempt == 1 else "ok"
+
+
+def test_a_lost_worker_without_spare_capacity_shrinks_the_pool_and_the_round_finishes():
+    pool = ShrinkingPool(size=3, behaviour=_lost_once(1))
+    sched, got, dropped = _run(pool, _tasks([10, 11, 12, 13, 14, 15]))
+    assert sorted(o.cid for o in got) == [10, 11, 12, 13, 14, 15] and dropped == []
+    assert pool.slots == [0, 2] and sched.worker_restarts == 1
+    lost_at = next(i for i, (w, _, _) in enumerate(pool.submitted) if w == 1)
+    assert all(w != 1 for w, _, _ in pool.submitted[lost_at + 1:])  # never again to the retired slot
+    (row,) = [r for r in sched.ledger if r.failure]
+    assert row.failure.startswith("worker lost: ") and row.worker == "w1" and row.attempt == 1
+
+
+def test_a_replacement_joins_the_round_when_it_is_ready():
+    pool = ShrinkingPool(size=2, behaviour=_lost_once(0), start_polls=2)
+    sched, got, _ = _run(pool, _tasks(list(range(10, 20))))
+    assert sorted(o.cid for o in got) == list(range(10, 20))
+    assert pool.slots == [1, 2] and any(w == 2 for w, _, _ in pool.submitted)  # the new slot took work
+
+
+def test_no_worker_left_aborts_naming_the_lost_workers():
+    pool = ShrinkingPool(size=2, behaviour=lambda widx, items, attempt: "lost")
+    with pytest.raises(RunAborted, match=r"round 7: no client worker left: workers lost: w\d, w\d"):
+        _run(pool, _tasks([10, 11, 12]), FailurePolicy(max_client_retries=5, max_worker_restarts=5))
+    assert pool.slots == []
+
+
+def test_no_worker_left_waits_for_a_replacement_that_can_start():
+    pool = ShrinkingPool(size=1, behaviour=_lost_once(0), start_polls=3)
+    sched, got, _ = _run(pool, _tasks([10, 11]))
+    assert sorted(o.cid for o in got) == [10, 11] and pool.slots == [1]
+
+
+def test_pinned_tasks_of_a_retired_worker_move_to_a_live_one_and_replay():
+    """Split: worker 1 is lost with no replacement; its task is replayed on worker 0, and later tasks pinned to
+    worker 1 run on worker 0 too (which now holds those clients' state), without a further replay."""
+    pool = ShrinkingPool(size=2, behaviour=_lost_once(1))
+    tasks = [Task(((0, 10),), worker=0), Task(((1, 11),), worker=1)]
+    sched, got, _ = _run(pool, tasks, atomic=True, record_success=False)
+    assert sorted(o.cid for o in got) == [10, 11]
+    assert pool.submitted[-1] == (0, ((1, 11),), True)  # moved to the live worker, replayed
+    n = len(pool.submitted)
+    sched.run([Task(((0, 10),), worker=0), Task(((1, 11),), worker=1)],
+              lambda widx, task: pool.submit(widx, task.items, task.replay), got.append)  # the next iteration
+    assert sorted(pool.submitted[n:]) == [(0, ((0, 10),), False), (0, ((1, 11),), False)]
+
+
+def test_every_client_state_on_a_lost_worker_is_replayed_on_its_new_worker():
+    """Worker 0 ran its own task and (moved there) worker 1's; when it dies too, both tasks of the next
+    iteration run on the replacement as replays (their state died with worker 0)."""
+    pool = ShrinkingPool(size=2, behaviour=_lost_once(1), start_polls=1)
+    pool.start_polls = None  # worker 1's loss brings no replacement
+    sched, got, _ = _run(pool, [Task(((0, 10),), worker=0), Task(((1, 11),), worker=1)], atomic=True,
+                         record_success=False)
+    pool.start_polls, pool.behaviour = 1, lambda widx, items, attempt: "lost" if widx == 0 else "ok"
+    n = len(pool.submitted)
+    sched.run([Task(((0, 10),), worker=0), Task(((1, 11),), worker=1)],
+              lambda widx, task: pool.submit(widx, task.items, task.replay), got.append)
+    later = [s for s in pool.submitted[n:] if s[0] != 0]
+    assert pool.slots == [3] and sorted(later) == [(3, ((0, 10),), True), (3, ((1, 11),), True)]
+
+
+def test_a_round_starts_with_the_replacements_that_are_ready_or_fails_with_none():
+    pool = ShrinkingPool(size=2, start_polls=1)
+    pool.replace(0)
+    assert live_workers(pool, 3) == [1, 2]  # the replacement was ready: it takes part in the round
+    pool.start_polls = None
+    pool.replace(1)
+    pool.replace(2)
+    with pytest.raises(RunAborted, match=r"round 4: no client worker left: workers lost: w0, w1, w2"):
+        live_workers(pool, 4)

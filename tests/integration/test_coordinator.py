@@ -30,20 +30,6 @@ def clean_hash(tmp_path_factory, partition_cache):
     return _run(small_config(tmp, partition_cache, **{**BASE, "engine__backend": "local"})).weights_hash
 
 
-@pytest.fixture
-def engines(monkeypatch):
-    """The Engine objects run_experiment makes (to reach the coordinator actor from a test's on_round)."""
-    made = []
-
-    class Recording(runner.Engine):
-        def __init__(self, run):
-            super().__init__(run)
-            made.append(self)
-
-    monkeypatch.setattr(runner, "Engine", Recording)
-    return made
-
-
 def _check_complete(res, restarts: int) -> None:
     rd = RunDir(res.run_dir)
     assert [r["round"] for r in rd.read_metrics()] == [1, 2, 3, 4, 5]  # no round missing, none twice

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler
+from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler, live_workers
 from fedray.engine.fold import OrderedFold
 from fedray.engine.round_report import RoundResult
 from fedray.engine.sampling import sample_clients
@@ -59,8 +59,9 @@ class FederatedProgram:
             chunk = int(e.chunk_size)
         else:
             held = max(1, _HELD_UPDATES_BYTES // max(1, 4 * self.num_params))
-            cap = max(1, held // (3 * self.pool.size))
-            chunk = max(1, min(int(math.ceil(k / (4 * self.pool.size))), cap))
+            workers = max(1, self.pool.size)
+            cap = max(1, held // (3 * workers))
+            chunk = max(1, min(int(math.ceil(k / (4 * workers))), cap))
         m = int(e.multi_client or 1)
         if m > 1:  # whole groups of m consecutive sampled clients per task (fedray.engine.client.grouped)
             chunk = (int(math.ceil(chunk / m)) if e.chunk_size else max(1, chunk // m)) * m
@@ -70,6 +71,7 @@ class FederatedProgram:
         cfg, algo, opt = self.cfg, self.algorithm, self.server_opt
         secs: dict[str, float] = {}
         t0 = time.perf_counter()
+        live_workers(self.pool, rnd)  # replacements started since the last round join (chunk sizes use the count)
         e = cfg.engine
         sampled = sample_clients(self.sizes, cfg.train.clients_per_round, cfg.seed, rnd, e.over_selection)
         secs["sample"] = time.perf_counter() - t0
@@ -115,7 +117,7 @@ class FederatedProgram:
         target = min(len(sampled), int(self.cfg.train.clients_per_round))
         k = len(sampled)
         chunk = self.chunk_size(k)
-        window = int(e.reorder_window or max(2 * self.pool.size * chunk, chunk + 1))
+        window = int(e.reorder_window or max(2 * max(1, self.pool.size) * chunk, chunk + 1))
         client_w = [self.algorithm.client_weight(int(self.sizes[c])) for c in sampled]
         fold, tally = OrderedFold(client_w), _Tally()
         timing = {"fold": 0.0}

@@ -33,7 +33,7 @@ import torch
 
 from fedray.algorithms.split import SplitBatch
 from fedray.core.seeds import SERVER_STREAM, seed_of
-from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler
+from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler, live_workers
 from fedray.engine.fold import OrderedFold
 from fedray.engine.outcomes import SplitOutcome
 from fedray.engine.programs.split_server import SplitServer
@@ -100,8 +100,9 @@ class SplitProgram:
             raise RuntimeError(f"round {rnd}: no client with data was sampled")
         sizes = self.sizes[sampled]
         bks = batch_sizes(sizes, shape.batch_size)
-        assignment = assign_clients(bks, self.pool.size)
-        items_of = {w: [(p, int(sampled[p]), int(bks[p])) for p in ps] for w, ps in assignment.items()}
+        slots = live_workers(self.pool, rnd)  # a pool that lost workers has fewer, not always 0..n-1
+        assignment = assign_clients(bks, len(slots))
+        items_of = {slots[w]: [(p, int(sampled[p]), int(bks[p])) for p in ps] for w, ps in assignment.items()}
         secs["sample"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

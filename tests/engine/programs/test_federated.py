@@ -13,11 +13,12 @@ def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
     import types
 
     from fedray.engine.outcomes import ClientOutcome, WorkerLost
+    from fedray.engine.pool import PoolBase
     from fedray.engine.programs.federated import FederatedProgram
 
     bad = 3
 
-    class Pool:
+    class Pool(PoolBase):
         size, restarts, kind = 2, 0, "local"
 
         def __init__(self):
@@ -39,6 +40,7 @@ def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
 
         def replace(self, widx):
             self.restarts += 1
+            return True
 
         def cancel(self, handles):
             pass
