@@ -19,28 +19,14 @@ import numpy as np
 
 from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler
 from fedray.engine.fold import OrderedFold
-from fedray.engine.round_report import RoundResult
+from fedray.engine.round_report import ClientTally, RoundResult
+from fedray.engine.programs.fold_group import train_groups
 from fedray.engine.sampling import sample_clients
 
 __all__ = ["FederatedProgram"]
 
 # Default budget for client updates held by the coordinator at once (default chunk size; see chunk_size).
 _HELD_UPDATES_BYTES = 256 << 20
-
-
-class _Tally:
-    """Per-client statistics of the folded clients, accumulated in sampled order."""
-
-    def __init__(self):
-        self.loss_sum, self.samples, self.clients = 0.0, 0, 0
-        self.extras: list[dict] = []
-
-    def add(self, out) -> None:
-        self.loss_sum += out.loss * out.num_samples
-        self.samples += out.num_samples
-        self.clients += 1
-        if out.extras:
-            self.extras.append({"cid": out.cid, "num_samples": out.num_samples, **out.extras})
 
 
 class FederatedProgram:
@@ -82,7 +68,10 @@ class FederatedProgram:
         secs["broadcast"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        agg = self.train(rnd, sampled, w_ref, p_ref, hints)
+        if int(e.fold_group) > 1:  # partial sums on the workers (fedray.engine.programs.fold_group)
+            agg = train_groups(self, rnd, sampled, w_ref, p_ref, hints)
+        else:
+            agg = self.train(rnd, sampled, w_ref, p_ref, hints)
         secs["train"] = time.perf_counter() - t0 - agg["fold_seconds"]
 
         t0 = time.perf_counter()
@@ -98,7 +87,8 @@ class FederatedProgram:
             "dropped": agg["dropped"], "retries": agg["retries"], "worker_restarts": agg["worker_restarts"],
             "stragglers_cancelled": agg["cancelled"],
             "lr": float(cfg.train.lr) * float(cfg.train.lr_decay) ** (rnd - 1),
-            "bytes": {"broadcast": int(bw.nbytes) * len(sampled), "upload": int(bw.nbytes) * agg["num_clients"]},
+            "bytes": {"broadcast": int(bw.nbytes) * len(sampled),
+                      "upload": int(bw.nbytes) * agg.get("uploads", agg["num_clients"])},
         }
         for key, value in algo.round_metrics(rnd, state, len(sampled)).items():
             if key == "bytes":
@@ -117,7 +107,7 @@ class FederatedProgram:
         chunk = self.chunk_size(k)
         window = int(e.reorder_window or max(2 * self.pool.size * chunk, chunk + 1))
         client_w = [self.algorithm.client_weight(int(self.sizes[c])) for c in sampled]
-        fold, tally = OrderedFold(client_w), _Tally()
+        fold, tally = OrderedFold(client_w), ClientTally()
         timing = {"fold": 0.0}
         finished: dict[int, object] = {}  # straggler mode: outcomes by position, folded after the round
 
