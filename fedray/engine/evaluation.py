@@ -69,7 +69,7 @@ class ShardedEvaluation:
             self._test_ref = self.pool.put(self.test)
         w_ref = self.pool.put(np.ascontiguousarray(weights, dtype=np.float32))
         per_task = max(1, math.ceil(len(shards) / (2 * max(1, self.pool.size))))
-        tasks = [Task(tuple((p, p, *shards[p]) for p in range(i, min(i + per_task, len(shards)))))
+        tasks = [Task(tuple((p, p) for p in range(i, min(i + per_task, len(shards)))))
                  for i in range(0, len(shards), per_task)]
         e = self.cfg.engine
         policy = FailurePolicy(int(e.max_client_retries), int(e.max_worker_restarts), can_drop=False)
@@ -77,7 +77,7 @@ class ShardedEvaluation:
         parts: dict[int, dict] = {}
 
         def submit(widx: int, task: Task):
-            items = [(it[0], it[2], it[3]) for it in task.items]
+            items = [(int(it[0]), *shards[int(it[0])]) for it in task.items]  # (shard, start, stop)
             return self.pool.submit(widx, "evaluate_shards", w_ref, self._test_ref, items, analysis)
 
         def on_outcome(out: EvalOutcome) -> None:
