@@ -117,6 +117,7 @@ class TaskScheduler:
         self.dropped: list[int] = []
         self.last_error: dict[int, str] = {}  # client id -> first line of its last error
         self.restarts0 = pool.restarts
+        self.receive_seconds = 0.0  # time spent fetching task results (Ray: from the object store)
         self._idle = list(range(pool.size))
         self._queue: list = []  # heap of (first position, sequence, task)
         self._seq = itertools.count()
@@ -150,11 +151,13 @@ class TaskScheduler:
                 return
             for h in ready:
                 widx, task = self._inflight.pop(h)
+                t_get = time.perf_counter()
                 try:
                     outs = self.pool.result(h)
                 except WorkerLost as err:
                     self._worker_lost(widx, task, err, on_drop, label)
                     continue
+                self.receive_seconds += time.perf_counter() - t_get
                 self._idle.append(widx)
                 if self.faults is not None:  # mid-round: tasks dispatched, nothing of this one folded yet
                     self.faults.coordinator(self.rnd)

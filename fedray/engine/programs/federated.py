@@ -85,7 +85,7 @@ class FederatedProgram:
         report = {
             "round": rnd, "num_clients": agg["num_clients"], "num_samples": agg["num_samples"], "loss": agg["loss"],
             "dropped": agg["dropped"], "retries": agg["retries"], "worker_restarts": agg["worker_restarts"],
-            "stragglers_cancelled": agg["cancelled"],
+            "stragglers_cancelled": agg["cancelled"], "receive_seconds": agg["receive_seconds"],
             "lr": float(cfg.train.lr) * float(cfg.train.lr_decay) ** (rnd - 1),
             "bytes": {"broadcast": int(bw.nbytes) * len(sampled),
                       "upload": int(bw.nbytes) * agg.get("uploads", agg["num_clients"])},
@@ -150,7 +150,8 @@ class FederatedProgram:
         return {"avg": fold.result(), "fold_seconds": timing["fold"], "num_clients": tally.clients,
                 "num_samples": tally.samples, "loss": tally.loss_sum / tally.samples if tally.samples else math.nan,
                 "extras": tally.extras, "dropped": sched.dropped, "retries": sched.retries,
-                "worker_restarts": sched.worker_restarts, "ledger": sched.ledger, "cancelled": cancelled}
+                "worker_restarts": sched.worker_restarts, "ledger": sched.ledger, "cancelled": cancelled,
+                "receive_seconds": sched.receive_seconds}
 
     @staticmethod
     def _keep_first(sampled, client_w, sched, finished: dict, target: int, cancelled: int):

@@ -98,4 +98,4 @@ def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dic
             "num_samples": tally.samples, "loss": tally.loss_sum / tally.samples if tally.samples else math.nan,
             "extras": tally.extras, "dropped": sched.dropped, "retries": sched.retries,
             "worker_restarts": sched.worker_restarts, "ledger": sched.ledger, "cancelled": 0,
-            "uploads": timing["uploads"]}
+            "uploads": timing["uploads"], "receive_seconds": sched.receive_seconds}
