@@ -172,12 +172,40 @@ class EngineConfig:
 
 
 @dataclass
+class MlflowConfig:
+    """``output.mlflow``: mirror the run into an MLflow run (extra ``fedray[mlflow]``; docs/tracking.md)."""
+
+    enabled: bool = False
+    tracking_uri: str | None = None  # default sqlite:///<run dir>/mlflow/mlflow.db (artifacts in <run dir>/mlflow/)
+    experiment: str = "fedray"
+    run_name: str | None = None  # default: the run directory's name
+
+
+WANDB_MODES = ("offline", "online")
+
+
+@dataclass
+class WandbConfig:
+    """``output.wandb``: mirror the run into a Weights & Biases run (extra ``fedray[wandb]``; docs/tracking.md)."""
+
+    enabled: bool = False
+    project: str = "fedray"
+    entity: str | None = None
+    mode: str = "offline"  # offline (no network; `wandb sync` uploads later) | online
+    dir: str | None = None  # where W&B writes its wandb/ folder; default the run directory
+    run_name: str | None = None  # default: the run directory's name
+
+
+@dataclass
 class OutputConfig:
     root: str = "runs"
     name: str | None = None  # run directory name; default <algorithm>-<config hash>
     checkpoint_every: int = 5
     keep_checkpoints: int = 2
+    # trackers: every per-round number of metrics.jsonl goes to each one that is on (one place for all of them)
     tensorboard: bool = True
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     progress: bool = True
 
 
@@ -463,6 +491,12 @@ def validate_config(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")
     _positive("output.checkpoint_every", cfg.output.checkpoint_every, allow_zero=True)
     _positive("output.keep_checkpoints", cfg.output.keep_checkpoints)
+    o = cfg.output
+    if o.wandb.mode not in WANDB_MODES:
+        raise ConfigError(f"output.wandb.mode: must be {' or '.join(WANDB_MODES)}, got {o.wandb.mode!r}")
+    for path, value in (("output.mlflow.experiment", o.mlflow.experiment), ("output.wandb.project", o.wandb.project)):
+        if not value.strip():
+            raise ConfigError(f"{path}: must not be empty")
 
 
 # Fields added after runs existed: hashed only when they differ from this default, so the run names

@@ -8,13 +8,15 @@ from fedray.data.loader import Augment
 from fedray.data.sources import SOURCES
 from fedray.data.table import DataError
 from fedray.models import MODELS, model_for_meta
+from fedray.reporting.trackers import check_trackers
 
 __all__ = ["check_model", "check_output_root", "check_registries"]
 
 
 def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
     """Algorithm and server optimizer (built, so their parameters are checked), model name and options,
-    data source: a ConfigError naming the field (prefixed with ``where``, e.g. a study's file, if given)."""
+    data source, the libraries of the trackers it turns on (``output.mlflow`` / ``output.wandb``): a
+    ConfigError naming the field (prefixed with ``where``, e.g. a study's file, if given)."""
     try:
         build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
         build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
@@ -31,6 +33,7 @@ def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
             Augment.from_spec(cfg.train.augment)
         except DataError as e:
             raise ConfigError(f"train.{e}") from None
+        check_trackers(cfg)
     except ConfigError as e:
         if where is None:
             raise

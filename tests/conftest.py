@@ -43,6 +43,13 @@ def partition_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("partitions")
 
 
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory):
+    """One MLflow SQLite store (a tracking URI) for the tests that talk to MLflow directly: creating a
+    store's tables takes seconds, so they share one and keep apart by experiment name."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 @pytest.fixture(scope="module")
 def _cached_sources():
     """Parse each data source once for the module that uses this fixture (its runs differ only in algorithm,

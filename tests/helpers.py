@@ -164,3 +164,59 @@ def terminate_matching(text: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# ------------------------------------------------------------------ experiment trackers
+def wandb_records(run_folder) -> list:
+    """The records (``wandb_internal_pb2.Record``) of a W&B run folder's ``run-<id>.wandb`` transaction log,
+    read the way W&B writes it: a 7-byte header (``:W&B``, magic, version), then 32 KiB blocks of chunks,
+    each with a 7-byte header (CRC-32, length, type: 1 full, 2 first, 3 middle, 4 last) that never
+    straddles a block (a block's last < 7 bytes are padding)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = Path(run_folder).glob("run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path}: not a W&B transaction log"
+    block, pos, buf, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        buf += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            out.append(rec)
+            buf = b""
+    return out
+
+
+def wandb_run(run_folder) -> dict:
+    """What a W&B offline run folder holds: ``history`` {step: {key: value}}, ``config``, ``summary`` (last
+    value of each key) and ``exit_code`` (None when the run was not finished), from :func:`wandb_records`."""
+    import json
+
+    out = {"history": {}, "config": {}, "summary": {}, "exit_code": None, "id": None, "preempting": False}
+    for rec in wandb_records(run_folder):
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            out["id"] = rec.run.run_id
+            out["config"].update({u.key: json.loads(u.value_json) for u in rec.run.config.update})
+        elif kind == "config":
+            out["config"].update({u.key: json.loads(u.value_json) for u in rec.config.update})
+        elif kind == "history":
+            row = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item}
+            out["history"][int(row["_step"])] = {k: v for k, v in row.items() if not k.startswith("_")}
+        elif kind == "summary":
+            out["summary"].update({(u.key or "/".join(u.nested_key)): json.loads(u.value_json)
+                                   for u in rec.summary.update})
+        elif kind == "exit":
+            out["exit_code"] = rec.exit.exit_code
+        elif kind == "preempting":
+            out["preempting"] = True
+    return out

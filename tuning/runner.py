@@ -643,9 +643,14 @@ class StudyRunner:
         """Keep ``cap`` trials in flight until the budget/timeout; returns (interrupted, abort reason)."""
         from optuna.trial import TrialState
 
+        from fedray.reporting.progress import ProgressBar
+
         spec = self.spec
         done = sum(1 for t in study.get_trials(deepcopy=False) if _counts_toward_budget(t))
         deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
+        # trials done / budget on a terminal (the [tune] lines print above it); the lines alone otherwise
+        bar = ProgressBar(budget, "trial", desc=f"study {spec.name}", initial=min(done, budget), log=self.log)
+        say = bar.write
         dists = spec.distributions()
         running: dict = {}
         failures = 0
@@ -685,7 +690,11 @@ class StudyRunner:
                 failures = 0
             what = {"complete": f"value {out.values}", "pruned": f"pruned after round {out.rounds}",
                     "interrupted": "interrupted (re-enqueued)", "fail": f"FAILED: {out.error}"}[out.state]
-            self.log(f"[tune] trial {out.number} {what} ({out.rounds} rounds, {out.seconds:.1f} s)")
+            say(f"[tune] trial {out.number} {what} ({out.rounds} rounds, {out.seconds:.1f} s)")
+            if bar.active:
+                with self._lock:
+                    best = _best_postfix(study, spec)
+                bar.update(0 if out.state == "interrupted" else 1, **best)
 
         try:
             with cf.ThreadPoolExecutor(max_workers=cap, thread_name_prefix="fedray-trial") as pool:
@@ -695,7 +704,7 @@ class StudyRunner:
                                and (deadline is None or time.monotonic() < deadline)):
                             with self._lock:
                                 trial = study.ask(dists)
-                            self.log(f"[tune] trial {trial.number} started: {json.dumps(trial.params, sort_keys=True)}")
+                            say(f"[tune] trial {trial.number} started: {json.dumps(trial.params, sort_keys=True)}")
                             running[pool.submit(self._run_trial, trial)] = trial
                         if not running:
                             break
@@ -705,16 +714,27 @@ class StudyRunner:
                 except KeyboardInterrupt:
                     interrupted = True
                     self._stop.set()
-                    self.log(f"[tune] interrupted: stopping {len(running)} running trial(s) at their next round "
-                             f"(they are re-enqueued for --resume)")
+                    say(f"[tune] interrupted: stopping {len(running)} running trial(s) at their next round "
+                        f"(they are re-enqueued for --resume)")
                     for fut in cf.as_completed(list(running)):
                         settle(fut, running.pop(fut))
         finally:
+            bar.close()
             if prev is not None:
                 signal.signal(signal.SIGTERM, prev)
         if abort:
             self.log(f"[tune] study stopped: {abort}")
         return interrupted, abort
+
+
+def _best_postfix(study, spec: StudySpec) -> dict:
+    """The progress bar's ``best=``: the best value so far (single objective), else the Pareto front's size."""
+    try:
+        if spec.multi_objective:
+            return {"pareto": len(study.best_trials)}
+        return {"best": f"{study.best_value:.4g}"}
+    except ValueError:  # no completed trial yet
+        return {}
 
 
 def tune(study_path: str | Path, *, storage: str | None = None, resume: bool = False,

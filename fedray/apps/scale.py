@@ -51,6 +51,8 @@ from fedray.config import ConfigError, apply_overrides, from_dict, read_config_f
 from fedray.core.io import atomic_writer
 from fedray.core.procinfo import proc_memory_mb
 from fedray.core.ray_env import ensure_ray
+from fedray.reporting.progress import ProgressBar
+from fedray.reporting.trackers import check_trackers
 
 _AXIS_DEFAULTS = {"population": None, "clients_per_round": None, "num_workers": 2, "multi_client": 1}
 _SCALE_KEYS = {"name", "base", "experiment", "overrides", "rounds", "output", "ray", "defaults", "sweep", "sweeps"}
@@ -135,6 +137,7 @@ def load_scale(path: str | Path | None = None, *, data: dict | None = None, outp
         raise ConfigError(f"{unknown[0]}: unknown field in the scale file (known: {', '.join(sorted(_SCALE_KEYS))})")
     base = _base_experiment(data, Path(path).resolve().parent if path is not None else Path.cwd())
     cfg = from_dict(base)  # the base experiment must be valid on its own
+    check_trackers(cfg)  # a tracker library that is missing: refused before the first point
     rounds = data.get("rounds", 3)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ConfigError(f"rounds: expected an integer >= 1, got {rounds!r}")
@@ -474,27 +477,32 @@ def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[di
     (out / "scale.yaml").write_text(yaml.safe_dump(_scale_record(spec), sort_keys=False))
     cluster_cpus, ray_checked = None, False
     rows: list[dict] = []
-    for i, point in enumerate(spec.points):
-        point = {**point, "index": i}
-        prefix = (f"[scale] point {i + 1}/{len(spec.points)}: population {point['population']:,}, "
-                  f"{point['clients_per_round']} clients/round, {point['num_workers']} workers, "
-                  f"multi_client {point['multi_client']}")
-        if _point_key(point) in done:
-            log(prefix + " (measured earlier, kept)")
-            row = {**done[_point_key(point)], "point": i}
-        else:
-            log(prefix)
-            if not ray_checked:  # Ray is started only when a point has to run
-                cluster_cpus, ray_checked = _ensure_ray(spec, from_dict(point_config(spec, point))), True
-            row = run_point(spec, point, cluster_cpus, log=log)
-            if row["status"] == "ok":
-                log(f"[scale]   {row['client_updates_per_s']:.1f} client updates/s, round {row['round_s']:.3f} s, "
-                    f"coordinator peak {row['coordinator_peak_mb']:.0f} MB, start-up {row['startup_s']:.1f} s")
-        rows.append(row)
-        add_speedups(rows)
-        table = to_table(rows)  # rewritten after every point: a crashed sweep keeps what it measured
-        with atomic_writer(out / "scaling.parquet") as f:
-            pq.write_table(table, f)
+    # points done / total on a terminal (the [scale] lines print above it); the lines alone otherwise
+    with ProgressBar(len(spec.points), "point", desc=f"scale {spec.name}", log=log) as bar:
+        for i, point in enumerate(spec.points):
+            point = {**point, "index": i}
+            prefix = (f"[scale] point {i + 1}/{len(spec.points)}: population {point['population']:,}, "
+                      f"{point['clients_per_round']} clients/round, {point['num_workers']} workers, "
+                      f"multi_client {point['multi_client']}")
+            if _point_key(point) in done:
+                bar.write(prefix + " (measured earlier, kept)")
+                row = {**done[_point_key(point)], "point": i}
+            else:
+                bar.write(prefix)
+                if not ray_checked:  # Ray is started only when a point has to run
+                    cluster_cpus, ray_checked = _ensure_ray(spec, from_dict(point_config(spec, point))), True
+                row = run_point(spec, point, cluster_cpus, log=bar.write)
+                if row["status"] == "ok":
+                    bar.write(f"[scale]   {row['client_updates_per_s']:.1f} client updates/s, round "
+                              f"{row['round_s']:.3f} s, coordinator peak {row['coordinator_peak_mb']:.0f} MB, "
+                              f"start-up {row['startup_s']:.1f} s")
+            rows.append(row)
+            add_speedups(rows)
+            table = to_table(rows)  # rewritten after every point: a crashed sweep keeps what it measured
+            with atomic_writer(out / "scaling.parquet") as f:
+                pq.write_table(table, f)
+            ok = row.get("status") == "ok"
+            bar.update(1, **({"upd/s": f"{row['client_updates_per_s']:.1f}"} if ok else {"last": row["status"][:20]}))
     with atomic_writer(out / "scaling.csv") as f:
         pacsv.write_csv(table, f)
     md = format_rows(rows)

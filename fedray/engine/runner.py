@@ -26,7 +26,7 @@ from fedray.core.io import atomic_write_bytes, atomic_write_text
 from fedray.core.ray_env import ensure_ray
 from fedray.data.sources import load_source
 from fedray.data.store import build_partition
-from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard
+from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard, Trackers
 from fedray.engine.client.grouped import check_multi_client
 from fedray.engine.programs.fold_group import check_fold_group
 from fedray.engine.coordinator import Coordinator
@@ -37,6 +37,7 @@ from fedray.engine.replica import worker_spec
 from fedray.engine.state import ClientStateStore
 from fedray.plugins import check_model, check_output_root, check_registries
 from fedray.reporting.rundir import RunDir
+from fedray.reporting.trackers import open_trackers
 
 __all__ = ["Engine", "RoundLoop", "Run", "RunResult", "default_run_name", "finish_run", "prepare_data",
            "run_experiment", "setup_run"]
@@ -104,6 +105,7 @@ class Run:
     store: object
     resume: bool
     t_start: float
+    trackers: Trackers  # the MLflow / W&B runs it mirrors into (started), possibly none
 
     @property
     def state_path(self) -> str:
@@ -147,15 +149,17 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
         _claim_run_dir(rd, overwrite)
     rd.create()
+    info = {"config_hash": config_hash(cfg), "partition_hash": store.hash, "source": cfg.data.source,
+            "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
+            "python": platform.python_version(), "status": "running",
+            "num_clients": int(store.num_clients), "partition_path": str(store.path)}
+    trackers = Trackers(rd, open_trackers(cfg, rd.path, rd.path.name), log)
+    trackers.start(cfg, info)  # one that cannot start fails here, before run.json claims the directory
     if resume is None:
         atomic_write_text(rd.path / "config.yaml", dump_config(cfg))
-    rd.write_json("run.json", {
-        "config_hash": config_hash(cfg), "partition_hash": store.hash, "source": cfg.data.source,
-        "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
-        "python": platform.python_version(), "status": "running",
-        "num_clients": int(store.num_clients), "partition_path": str(store.path),
-    })
-    return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start)
+    rd.write_json("run.json", info)
+    return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start,
+               trackers=trackers)
 
 
 class CoordinatorLost(RuntimeError):
@@ -444,7 +448,7 @@ def finish_run(run: Run, engine: Engine, result: RunResult, log=print) -> RunRes
         }
         rd.write_json("summary.json", result.final)
     info = rd.read_json("run.json")
-    info["status"] = "interrupted" if result.interrupted else ("stopped" if result.stopped_early else "finished")
+    info["status"] = _status(result)
     rd.write_json("run.json", info)
     restarts = f" | coordinator restarts {result.coordinator_restarts}" if result.coordinator_restarts else ""
     log(f"[fedray] {'stopped' if result.interrupted else 'finished'}: accuracy {result.accuracy:.4f} | "
@@ -452,12 +456,14 @@ def finish_run(run: Run, engine: Engine, result: RunResult, log=print) -> RunRes
     return result
 
 
-def _callbacks(run: Run, progress: bool, on_round, log) -> list:
+def _callbacks(run: Run, progress: bool, on_round, trackers: Trackers, log) -> list:
     cfg = run.cfg
     cbs = [DriverFaults(FaultInjector(cfg.engine.fault_injection, run.rd.path)),
            Progress(progress, cfg.train.rounds, log)]
     if cfg.output.tensorboard:
         cbs.append(TensorBoard(run.rd.path / "tb", log))
+    if trackers.trackers:
+        cbs.append(trackers)
     if on_round is not None:
         cbs.append(OnRound(on_round))
     cbs.append(Checkpointer(run.rd, cfg.output.checkpoint_every, cfg.output.keep_checkpoints, cfg.train.rounds,
@@ -485,7 +491,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     if ray_address:
         cfg.engine.ray_address = ray_address  # not hashed: the same run on another cluster
     result = RunResult(run_dir=run.rd.path)
-    engine = None
+    engine, trackers = None, run.trackers
     try:
         engine = Engine(run)
         info = engine.call("ready")
@@ -496,12 +502,23 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
             f"{info['num_params']:,} params | start-up {startup:.1f} s")
         result.rounds = run.rd.read_metrics()
         loop = RoundLoop(run, engine, _callbacks(run, cfg.output.progress if progress is None else progress, on_round,
-                                                 log), result, log)
+                                                 trackers, log), result, log)
         t_rounds = time.perf_counter()
         loop.run_rounds(start_round)
         result.rounds_seconds = time.perf_counter() - t_rounds
-    except Exception as e:
-        result.failed = result.failed or _reason(e)
-        fail_run(run, engine, result, log)
+        finish_run(run, engine, result, log)
+    except BaseException as e:
+        if not result.failed and not isinstance(e, Exception):  # a second Ctrl-C during the finish
+            result.interrupted = True
+        else:
+            result.failed = result.failed or _reason(e)
+            fail_run(run, engine, result, log)
+        trackers.finish("failed" if result.failed else "interrupted", result.final)
         raise
-    return finish_run(run, engine, result, log)
+    trackers.finish(_status(result), result.final)
+    return result
+
+
+def _status(result: RunResult) -> str:
+    return ("failed" if result.failed else "interrupted" if result.interrupted else
+            "stopped" if result.stopped_early else "finished")

@@ -83,9 +83,24 @@ def describe_run(path: str | Path) -> str:
     if final:
         lines.append(f"finished in:     {_num(final.get('total_seconds'), '{:.1f}')} s, "
                      f"weights {final.get('weights_hash', '-')}")
+    lines += _tracker_lines(rd)
     if status != "finished":
         lines.append(f"resume:          fedray run --resume {shlex.quote(str(rd.path))}")
     return "\n".join(lines)
+
+
+def _tracker_lines(rd: RunDir) -> list[str]:
+    """One line per experiment tracker of ``trackers.json``: its run, the rounds it holds, a failure."""
+    if not (rd.path / "trackers.json").is_file():
+        return []
+    lines = []
+    for name, st in sorted(rd.read_json("trackers.json").items()):
+        where = st.get("tracking_uri") or f"{st.get('mode', '')} {st.get('project', '')} in {st.get('dir', '')}"
+        text = f"{name + ':':17s}run {st.get('run_id')} ({where.strip()}), rounds 1-{st.get('last_round', 0)}"
+        if st.get("error"):
+            text += f", FAILED at {st['error']}"
+        lines.append(text)
+    return lines
 
 
 def format_table(summaries: list[dict]) -> str:

@@ -11,6 +11,9 @@ Layout of ``<output.root>/<name>/``::
                            ``checkpoints/latest`` names the newest, and is what --resume trusts
     client_state/          per-client state of stateful algorithms (fedray.engine.state)
     tb/                    TensorBoard event files
+    trackers.json          the MLflow / W&B runs this run mirrors into, and the last round each holds
+    mlflow/                the default MLflow store (mlflow.db, artifacts/), when output.mlflow is on
+    wandb/                 W&B's run folders (offline-run-*), when output.wandb is on
     summary.json           final metrics and the weights hash (written at the end)
     final_weights.npy      final global weights (flat float32)
 
@@ -179,9 +182,9 @@ class RunDir:
 
     def clear(self) -> None:
         """Delete every file a run writes here (``--overwrite``): a new run starts from nothing."""
-        for name in ("checkpoints", "ledger", "client_state", "tb", "faults"):
+        for name in ("checkpoints", "ledger", "client_state", "tb", "faults", "mlflow", "wandb"):
             shutil.rmtree(self.path / name, ignore_errors=True)
-        for name in ("metrics.jsonl", "summary.json", "final_weights.npy", "run.json", "config.yaml"):
+        for name in ("metrics.jsonl", "summary.json", "final_weights.npy", "run.json", "config.yaml", "trackers.json"):
             (self.path / name).unlink(missing_ok=True)
 
 
@@ -194,15 +197,12 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(str(log_dir), flush_secs=10)
 
     def log(self, row: dict) -> None:
+        """Every number of the row (:func:`fedray.reporting.trackers.scalar_metrics`, as for MLflow and W&B)."""
+        from fedray.reporting.trackers import scalar_metrics
+
         step = int(row["round"])
-        for key in ("accuracy", "ema_accuracy", "loss", "test_loss", "domain_mean_accuracy", "seconds_total"):
-            v = row.get(key)
-            if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-                self.writer.add_scalar(key, v, step)
-        for group in ("seconds", "domain_accuracy", "analysis"):
-            for k, v in (row.get(group) or {}).items():
-                if isinstance(v, (int, float)):
-                    self.writer.add_scalar(f"{group}/{k}", v, step)
+        for key, v in scalar_metrics(row).items():
+            self.writer.add_scalar(key, v, step)
 
     def close(self) -> None:
         self.writer.close()
