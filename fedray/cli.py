@@ -6,8 +6,10 @@
     fedray partition CONFIG [a.b=c ...]  build a partition (manifest + per-client shards), print statistics
     fedray datasets                      list data sources, partitioners, models and algorithms
     fedray report RUN_DIR [RUN_DIR ...]  tables (per run, mean ± std over seeds) and PNG plots from run directories
+    fedray report SWEEP_DIR              a sweep's tables and report again, from its run directories
     fedray tune STUDY.yaml [--resume]    hyper-parameter study over whole runs (docs/tuning.md)
     fedray scale SCALE.yaml              client-count scaling sweep -> Parquet table + plots (docs/scaling.md)
+    fedray sweep SWEEP.yaml [a.b=c ...]  grid of runs (methods x settings x seeds) -> sweep.parquet + tables (docs/sweep.md)
     fedray bench [NAME [ARGS ...]]       list / run the benchmarks of bench/ (docs/benchmarks.md)
 
 ``python -m fedray ...`` is the same command line. Options and a.b=c overrides of ``run`` and
@@ -144,8 +146,23 @@ def _cmd_datasets(args) -> int:
 
 
 def _cmd_report(args) -> int:
+    from pathlib import Path
+
     from fedray.reporting.report import report
 
+    if len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.json").is_file():
+        from fedray.apps.sweep import rebuild_report
+
+        if args.out or args.metric != "accuracy" or args.target is not None:
+            print("fedray report: error: a sweep directory's tables and report are rebuilt in place from its sweep "
+                  "file's tables: --out, --metric and --target apply to run directories", file=sys.stderr)
+            return 2
+
+        text, files = rebuild_report(args.runs[0])
+        print(text)
+        for f in files:
+            print(f"wrote {f}")
+        return 0
     try:
         table, files = report(args.runs, args.out, metric=args.metric, target=args.target)
     except ValueError as e:
@@ -161,6 +178,26 @@ def _cmd_scale(args) -> int:
     from fedray.apps.scale import main_cli
 
     return main_cli(args.scale, output=args.output_dir, dry_run=args.dry_run, resume=args.resume)
+
+
+def _cmd_sweep(args) -> int:
+    from fedray.apps.sweep import main_cli
+
+    return main_cli(args.sweep, args.overrides, output_dir=args.output_dir, dry_run=args.dry_run,
+                    resume=args.resume)
+
+
+def add_sweep_arguments(ap) -> None:
+    """The arguments shared by ``fedray sweep`` and ``python -m jobs.sweep``."""
+    ap.add_argument("sweep", metavar="SWEEP.yaml", help="sweep file (docs/sweep.md)")
+    ap.add_argument("overrides", nargs="*", metavar="a.b=c",
+                    help="overrides of the base experiment, applied before the axes (e.g. train.rounds=3)")
+    ap.add_argument("--output-dir", help="the sweep's directory (default: the sweep file's output_dir, else "
+                                         "runs/sweeps/<name>)")
+    ap.add_argument("--dry-run", action="store_true", help="list the points and their run directories; run nothing")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the sweep in --output-dir: finished points kept, interrupted ones continue from "
+                         "their checkpoints, failed ones start over")
 
 
 def bench_scripts() -> dict:
@@ -200,7 +237,7 @@ def _cmd_tune(args) -> int:
 
 
 #: Subcommands whose positional a.b=c overrides may be mixed with options (argparse's intermixed parsing).
-INTERMIXED = ("run", "partition")
+INTERMIXED = ("run", "partition", "sweep")
 
 
 def _add_experiment_commands(sub) -> None:
@@ -293,6 +330,16 @@ def _add_study_commands(sub) -> None:
     sc.add_argument("--resume", action="store_true",
                     help="keep the points an interrupted sweep into the same output directory finished; run the rest")
     sc.set_defaults(func=_cmd_scale)
+
+    sw = sub.add_parser("sweep", help="grid of runs (methods x settings x seeds), resumable -> sweep.parquet + "
+                                      "mean ± std tables",
+                        description="Run every point of SWEEP.yaml (docs/sweep.md): each point one ordinary fedray run "
+                                    "in <output_dir>/runs/, several at once on slices of the Ray cluster. Writes "
+                                    "sweep.parquet (one row per point, after every point), the table: pivots (mean ± "
+                                    "std over seeds) as tables/*.md/csv/tex and a fedray report of the runs. Exit 1 "
+                                    "when a point failed (named), 2 for a bad sweep file (nothing written).")
+    add_sweep_arguments(sw)
+    sw.set_defaults(func=_cmd_sweep)
 
     be = sub.add_parser("bench", help="list or run the benchmarks of bench/ (they print figures, never assert)",
                         description="Without NAME: list the benchmark scripts of the repository's bench/ folder. "

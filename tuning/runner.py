@@ -357,62 +357,18 @@ class StudyRunner:
 
     # ------------------------------------------------------------------------------ trial configs
     def _resources(self, cfg0: ExperimentConfig) -> tuple[int, dict]:
-        """(effective concurrency, resource description) for this cluster."""
-        e = cfg0.engine
+        """(effective concurrency, resource description) for this cluster (fedray.apps.slices)."""
+        from fedray.apps.slices import plan_slices
+
         r = self.spec.trial_resources
-        if e.backend == "ray":
-            import ray
-
-            from fedray.core.ray_env import ensure_ray
-
-            ensure_ray(cfg0.engine.object_store_memory, address=cfg0.engine.ray_address)
-            cr = ray.cluster_resources()
-            cpus, gpus = float(cr.get("CPU", 0.0)), float(cr.get("GPU", 0.0))
-        else:
-            cpus = float(len(os.sched_getaffinity(0)))
-            gpus = 0.0
-            if e.device != "cpu":
-                try:
-                    import torch
-
-                    gpus = float(torch.cuda.device_count())
-                except Exception:  # noqa: BLE001
-                    gpus = 0.0
-        if e.device == "cpu":
-            gpus = 0.0
-        workers = r.workers if r.workers is not None else int(e.num_workers or 1)
-        cpw = r.cpus_per_worker if r.cpus_per_worker is not None else float(e.worker_num_cpus)
-        gpw = r.gpus_per_worker
-        if gpw is None:
-            gpw = e.worker_num_gpus if e.worker_num_gpus is not None else (1.0 / e.workers_per_gpu if gpus > 0 else 0.0)
-        if e.backend == "ray":
-            t_cpu = workers * cpw + float(e.coordinator_num_cpus)
-        else:
-            t_cpu = float(e.torch_threads)
-        t_gpu = workers * float(gpw)
-        if t_gpu > 0 and gpus <= 0:
-            raise ConfigError(f"trial_resources.gpus_per_worker: {gpw} GPUs per worker requested but the "
-                              f"{'cluster' if e.backend == 'ray' else 'machine'} has no GPU")
-        cap = self.spec.concurrency
-        if t_cpu > 0:
-            cap = min(cap, int(cpus / t_cpu + 1e-9))
-        if t_gpu > 0:
-            cap = min(cap, int(gpus / t_gpu + 1e-9))
-        if cap < 1:
-            raise ConfigError(f"trial_resources: one trial needs {t_cpu:g} CPUs and {t_gpu:g} GPUs but the "
-                              f"{'cluster' if e.backend == 'ray' else 'machine'} has {cpus:g} CPUs and {gpus:g} GPUs")
-        desc = {"backend": e.backend, "workers": workers, "cpus_per_worker": cpw, "gpus_per_worker": float(gpw),
-                "cpus_per_trial": t_cpu, "gpus_per_trial": t_gpu, "cluster_cpus": cpus, "cluster_gpus": gpus,
-                "concurrency_requested": self.spec.concurrency, "concurrency": cap}
-        return cap, desc
+        return plan_slices(cfg0, self.spec.concurrency, workers=r.workers, cpus_per_worker=r.cpus_per_worker,
+                           gpus_per_worker=r.gpus_per_worker, field="trial_resources")
 
     def trial_config(self, number: int, params: dict) -> ExperimentConfig:
         """The experiment config of trial ``number``: base config + params + the trial's resources/outputs."""
-        data = self.spec.config_with(params)
-        eng = data.setdefault("engine", {})
-        eng["num_workers"] = int(self._res["workers"])
-        eng["worker_num_cpus"] = float(self._res["cpus_per_worker"])
-        eng["worker_num_gpus"] = float(self._res["gpus_per_worker"])
+        from fedray.apps.slices import apply_slice
+
+        data = apply_slice(self.spec.config_with(params), self._res)
         out = data.setdefault("output", {})
         out["root"] = str(self.trials_root)
         out["name"] = f"trial-{number:04d}"
@@ -600,7 +556,9 @@ class StudyRunner:
                     study.enqueue_trial(point, user_attrs={"enqueued": True}, skip_if_exists=True)
             if self.resume:
                 self._recover(study)
-            if cap < spec.concurrency:
+            if self._res.get("note"):
+                self.log(f"[tune] {self._res['note']}")
+            elif cap < spec.concurrency:
                 self.log(f"[tune] concurrency capped at {cap} (asked {spec.concurrency}): a trial needs "
                          f"{self._res['cpus_per_trial']:g} CPUs / {self._res['gpus_per_trial']:g} GPUs of "
                          f"{self._res['cluster_cpus']:g} / {self._res['cluster_gpus']:g}")

@@ -160,13 +160,9 @@ def _base_experiment(data: dict, here: Path) -> dict:
     the inline ``experiment``, then the ``overrides``."""
     base: dict = {}
     if data.get("base") is not None:
-        if not isinstance(data["base"], str):
-            raise ConfigError(f"base: expected the path of an experiment config, got {data['base']!r}")
-        bp = Path(data["base"])
-        bp = bp if bp.is_absolute() else here / bp
-        if not bp.is_file():
-            raise ConfigError(f"base: experiment config {str(bp)!r} does not exist")
-        base = read_config_file(bp)
+        from fedray.apps.sweep_spec import read_base
+
+        base = read_base(data["base"], here, inline=False)  # inline experiments go in `experiment:`
     if data.get("experiment") is not None:
         if not isinstance(data["experiment"], dict):
             raise ConfigError(f"experiment: expected a mapping (an inline experiment config), got {data['experiment']!r}")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-__all__ = ["atomic_writer", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_writer", "atomic_write_bytes", "atomic_write_text", "exclusive_lock"]
 
 
 @contextmanager
@@ -46,3 +46,33 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+@contextmanager
+def exclusive_lock(path: str | Path, holder: str, what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created) for the block, writing ``holder`` into it; a second
+    holder on this host gets ``RuntimeError`` naming the first. The OS releases the lock when its process
+    dies, so a driver that finds it free knows that no other driver of ``what`` is alive."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        first = f.read().strip()
+        f.close()
+        raise RuntimeError(f"{what}: another driver is running it ({first or 'unknown'}; lock {path})") from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(holder + "\n")
+        f.flush()
+        yield
+    finally:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        finally:
+            f.close()

@@ -9,7 +9,9 @@ averages over.
 A pivot table has one row per method (``algorithm.name``, with ``+server`` when the server optimizer is
 not ``none``) and one column per setting (the other fields that vary between groups, e.g. ``α=0.05``);
 its cells are mean ± std (sample std, ddof=1) of one metric over the seeds, written as Markdown, CSV
-and LaTeX (booktabs, best cell per column in bold).
+and LaTeX (booktabs, best cell per column in bold). ``fedray sweep`` names the rows and columns by config
+fields instead (:func:`label_by`), and its cells may also show ``mean_last5`` or any per-round key of
+metrics.jsonl reduced over the rounds (``last:analysis.effective_rank``, :func:`reduce_rounds`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from fedray.reporting.rundir import RunDir
 
 #: Metrics a cell can show; accuracies are fractions in the files, percentages in the tables.
 METRICS = ("accuracy", "ema_accuracy", "best_accuracy", "rounds_to_target")
+#: Also from each run's summary (fedray.reporting.report.summarize): the mean of the last five evaluated rounds.
+SUMMARY_METRICS = ("mean_last5",)
+#: ``REDUCTION:KEY``: any per-round key of metrics.jsonl (dotted for nested ones, e.g. analysis.effective_rank,
+#: bytes.activations, domain_mean_accuracy) reduced over the rounds that have it.
+REDUCTIONS = ("last", "mean", "max", "min", "last5")
 #: Fields that make the method (the row); every other varying field makes the setting (the column).
 METHOD_PREFIXES = ("algorithm.", "server.")
 #: Short names of setting fields in column labels (otherwise the field's last component).
@@ -68,6 +75,9 @@ class Group:
             if target is None:
                 raise ValueError("rounds_to_target needs a target accuracy (--target)")
             return [rounds_to_target(rows, target) for rows in self.metrics]
+        if ":" in metric:
+            how, key = metric.split(":", 1)
+            return [reduce_rounds(rows, key, how) for rows in self.metrics]
         return [float(s.get(metric, math.nan)) for s in self.summaries]
 
     def stat(self, metric: str, target: float | None = None) -> Stat:
@@ -78,6 +88,40 @@ def rounds_to_target(rows: list[dict], target: float) -> float:
     """The first round whose accuracy reaches ``target``; NaN when none does."""
     return next((float(r["round"]) for r in rows if r.get("accuracy") is not None and r["accuracy"] >= target),
                 math.nan)
+
+
+def _lookup(row: dict, key: str):
+    v = row
+    for part in key.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return None
+        v = v[part]
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def reduce_rounds(rows: list[dict], key: str, how: str) -> float:
+    """``how`` (one of :data:`REDUCTIONS`) of the dotted per-round ``key`` over the rounds that have it; NaN
+    when none does."""
+    vals = [float(v) for r in rows if (v := _lookup(r, key)) is not None]
+    if not vals:
+        return math.nan
+    if how == "last5":
+        vals = vals[-5:]
+    return {"last": lambda: vals[-1], "max": lambda: max(vals), "min": lambda: min(vals)}.get(
+        how, lambda: sum(vals) / len(vals))()
+
+
+def check_metric(metric: str, target: float | None = None) -> None:
+    """ValueError unless ``metric`` is one a table cell can show (with ``target`` where it needs one)."""
+    if metric in METRICS or metric in SUMMARY_METRICS:
+        if metric == "rounds_to_target" and target is None:
+            raise ValueError("rounds_to_target needs a target accuracy")
+        return
+    how, _, key = metric.partition(":")
+    if how not in REDUCTIONS or not key or any(not p for p in key.split(".")):
+        raise ValueError(f"{metric!r}: expected one of {', '.join(METRICS + SUMMARY_METRICS)}, or REDUCTION:KEY "
+                         f"with REDUCTION one of {', '.join(REDUCTIONS)} and KEY a per-round metric "
+                         f"(e.g. last:analysis.effective_rank)")
 
 
 def mean_std(values: list[float]) -> Stat:
@@ -185,9 +229,49 @@ def _label_groups(groups: list[Group]) -> None:
             g.method = f"{base} ({extra})" if extra else base
 
 
+def field_value(fields: dict[str, Any], path: str) -> str:
+    """``path``'s value in a group's flattened fields as shown in a label: a mapping field (e.g.
+    ``algorithm.params``) as its ``key=value`` pairs, a field the config does not hold as ``-``."""
+    if path in fields:
+        return _fmt_value(fields[path])
+    inner = {k[len(path) + 1:]: v for k, v in fields.items() if k.startswith(path + ".")}
+    return ",".join(f"{k}={_fmt_value(v)}" for k, v in sorted(inner.items())) if inner else "-"
+
+
+def field_label(fields: dict[str, Any], paths: list[str]) -> str:
+    """The label of a row or column named by ``paths``: ``...name`` fields as their bare values (e.g. ``fedrcl``),
+    the others as ``short=value`` (e.g. ``α=0.05``), in parentheses after a name; a field the run's config does
+    not hold is left out where a name already labels it (``fedavg`` beside ``fedccl (signals=local)``)."""
+    names = [field_value(fields, p) for p in paths if p.rsplit(".", 1)[-1] == "name"]
+    others = [p for p in paths if p.rsplit(".", 1)[-1] != "name"]
+    short = _short_names(others)
+    pairs = [f"{short[p]}={v}" for p in others if (v := field_value(fields, p)) != "-" or not names]
+    if not names:
+        return ", ".join(pairs)
+    return " ".join(names) + (f" ({', '.join(pairs)})" if pairs else "")
+
+
+def label_by(groups: list[Group], rows: list[str], columns: list[str]) -> None:
+    """Label groups for a table whose rows and columns are named by these config fields (``fedray sweep``)."""
+    for g in groups:
+        g.method, g.setting = field_label(g.fields, rows), field_label(g.fields, columns)
+
+
 # ------------------------------------------------------------------------------------------- tables
 def _is_acc(metric: str) -> bool:
-    return metric != "rounds_to_target"
+    """Shown as a percentage: the accuracies (and any per-round key ending in ``accuracy``)."""
+    return metric != "rounds_to_target" and (":" not in metric or metric.rsplit(".", 1)[-1].endswith("accuracy"))
+
+
+def _scale_fmt(metric: str, mean: float = math.nan) -> tuple[float, str]:
+    """(scale, format) of a cell: accuracies in % with 2 decimals, rounds with 1, any other key with four
+    significant digits of its mean (the std with as many decimals)."""
+    if _is_acc(metric):
+        return 100.0, "{:.2f}"
+    if metric == "rounds_to_target":
+        return 1.0, "{:.1f}"
+    digits = 3 - math.floor(math.log10(abs(mean))) if mean and math.isfinite(mean) else 3
+    return 1.0, f"{{:.{min(max(digits, 0), 8)}f}}"
 
 
 def _cell_parts(st: Stat, metric: str) -> tuple[str, str | None, str]:
@@ -195,7 +279,7 @@ def _cell_parts(st: Stat, metric: str) -> tuple[str, str | None, str]:
     ``(k/n)`` when only k of n seeds count (target not reached, run never evaluated)."""
     if st.n == 0:
         return ("not reached" if metric == "rounds_to_target" else "-"), None, f" (0/{st.total})"
-    scale, fmt = (100.0, "{:.2f}") if _is_acc(metric) else (1.0, "{:.1f}")
+    scale, fmt = _scale_fmt(metric, st.mean)
     std = None if math.isnan(st.std) else fmt.format(scale * st.std)
     return fmt.format(scale * st.mean), std, (f" ({st.n}/{st.total})" if st.n < st.total else "")
 
@@ -208,8 +292,13 @@ def format_cell(st: Stat, metric: str) -> str:
 def metric_title(metric: str, target: float | None = None) -> str:
     if metric == "rounds_to_target":
         return f"rounds to {target:g} accuracy"
+    if ":" in metric:
+        how, key = metric.split(":", 1)
+        what = {"last": "last", "mean": "mean over rounds of", "max": "largest", "min": "smallest",
+                "last5": "mean of the last five rounds of"}[how]
+        return f"{what} {key}" + (" (%)" if _is_acc(metric) else "")
     return {"accuracy": "final accuracy (%)", "ema_accuracy": "EMA accuracy (%)",
-            "best_accuracy": "best accuracy (%)"}[metric]
+            "best_accuracy": "best accuracy (%)", "mean_last5": "mean accuracy of the last five rounds (%)"}[metric]
 
 
 def format_groups(groups: list[Group], target: float | None = None) -> str:
@@ -241,17 +330,20 @@ class Pivot:
                 continue
             if _is_acc(self.metric):
                 score = {r: -st.mean for r, st in have}
-            else:
+            elif self.metric == "rounds_to_target":
                 score = {r: (-st.n / st.total, st.mean) for r, st in have}
+            else:  # a loss, a byte count, a rank: which end is best depends on the key
+                continue
             top = min(score.values())
             out |= {(r, c) for r in score if score[r] == top}
         return out
 
 
-def pivot(groups: list[Group], metric: str = "accuracy", target: float | None = None) -> Pivot:
-    """Rows = methods (first-seen order), columns = settings (ordered by the varying fields' values)."""
-    if metric not in METRICS:
-        raise ValueError(f"metric {metric!r}: expected one of {', '.join(METRICS)}")
+def pivot(groups: list[Group], metric: str = "accuracy", target: float | None = None, *,
+          first_seen: bool = False) -> Pivot:
+    """Rows = methods (first-seen order), columns = settings (ordered by the varying fields' values, or with
+    ``first_seen`` in the order the groups come in, e.g. a sweep's axis values)."""
+    check_metric(metric, target)
     setting_fields = [p for p in _varying(groups) if not p.startswith(METHOD_PREFIXES)]
 
     def order(g: Group) -> tuple:
@@ -260,7 +352,8 @@ def pivot(groups: list[Group], metric: str = "accuracy", target: float | None = 
                      else (1, repr(v)) for v in vals)
 
     rows = list(dict.fromkeys(g.method for g in groups))
-    cols = list(dict.fromkeys(g.setting or metric_title(metric, target) for g in sorted(groups, key=order)))
+    cols = list(dict.fromkeys(g.setting or metric_title(metric, target)
+                              for g in (groups if first_seen else sorted(groups, key=order))))
     cells = {}
     for g in groups:
         cell = (g.method, g.setting or metric_title(metric, target))

@@ -145,3 +145,29 @@ def test_pivot_of_rounds_to_target_ranks_reached_seeds_first(tmp_path):
     assert "1.0 ± – (1/2)" in pivot_markdown(p) and "**2.0 ± 0.0**" in pivot_markdown(p)
     with pytest.raises(ValueError, match="metric"):
         pivot(groups, "loss")
+
+
+def test_tables_labelled_by_named_fields_and_per_round_reductions(runs):
+    """fedray sweep's tables: rows / columns named by config fields; REDUCTION:KEY cells over metrics.jsonl rows."""
+    from fedray.reporting.seeds import check_metric, field_label, label_by, reduce_rounds
+
+    runs = {k: v for k, v in runs.items() if k[0] in ("fedavg", "fedprox")}  # not the fedavg with another lr
+    groups, _ = _groups([p for paths in runs.values() for p in paths])
+    label_by(groups, ["algorithm.name"], ["data.partition.params.alpha"])
+    assert {g.method for g in groups} == {k[0] for k in runs}
+    assert {g.setting for g in groups} == {f"α={a:g}" for _, a in runs}
+    assert field_label({"algorithm.params.mu": 0.01, "algorithm.params.beta": 1.0}, ["algorithm.params"]) \
+        == "params=beta=1,mu=0.01"
+    assert field_label({"train.lr": 0.1}, ["algorithm.params.tau"]) == "tau=-"  # a field the run does not have
+    rows = [{"round": 1, "loss": 3.0, "bytes": {"upload": 10}}, {"round": 2, "loss": 1.0}, {"round": 3, "loss": 2.0}]
+    assert (reduce_rounds(rows, "loss", "last"), reduce_rounds(rows, "loss", "min"), reduce_rounds(rows, "loss", "mean"),
+            reduce_rounds(rows, "bytes.upload", "max")) == (2.0, 1.0, 2.0, 10.0)
+    assert math.isnan(reduce_rounds(rows, "analysis.vci", "last"))
+    piv = pivot(groups, "mean:loss", first_seen=True)
+    (method, alpha), paths = next(iter(runs.items()))
+    expected = np.mean([np.mean(read_metric(p, "loss")) for p in paths])
+    assert piv.cells[(method, f"α={alpha:g}")].mean == pytest.approx(expected, rel=1e-12)
+    assert piv.best() == set()  # which end of a loss / byte count is best is not assumed
+    for bad in ("loss", "median:loss", "last:", "last:a..b"):
+        with pytest.raises(ValueError, match="REDUCTION:KEY"):
+            check_metric(bad)
