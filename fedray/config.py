@@ -165,6 +165,10 @@ class EngineConfig:
     # clients trained at once per worker with stacked parameters (fedray.engine.client.grouped); 1 = one at a time.
     # Changes float results (within tolerance), so it is hashed.
     multi_client: int = 1
+    # a worker trains g consecutive sampled clients and returns one partial sum of their weighted models (fewer
+    # bytes through the object store); the fold then adds the groups in order. Changes float results (the sum's
+    # association), so it is hashed; never depends on the workers. 1 = one update per client (fedray.engine.programs.fold_group)
+    fold_group: int = 1
 
 
 @dataclass
@@ -469,6 +473,14 @@ def validate_config(cfg: ExperimentConfig) -> None:
     if e.max_dropped_fraction > 1:
         raise ConfigError(f"engine.max_dropped_fraction: must be in [0, 1], got {e.max_dropped_fraction!r}")
     _positive("engine.multi_client", e.multi_client)
+    _positive("engine.fold_group", e.fold_group)
+    if e.fold_group > 1 and (e.over_selection > 0 or e.round_deadline_s is not None):
+        raise ConfigError(f"engine.fold_group: {e.fold_group} sums clients on the workers, but straggler handling "
+                          f"(engine.over_selection / engine.round_deadline_s) keeps the first clients to finish and "
+                          f"needs each update; set engine.fold_group: 1")
+    if e.fold_group > 1 and e.multi_client > 1 and e.fold_group % e.multi_client:
+        raise ConfigError(f"engine.fold_group: {e.fold_group} must be a multiple of engine.multi_client "
+                          f"({e.multi_client}) so that the multi-client groups stay the same")
     if e.coordinator_placement not in ("driver", "any"):
         raise ConfigError(f"engine.coordinator_placement: must be 'driver' or 'any', got {e.coordinator_placement!r}")
     _positive("engine.max_coordinator_restarts", e.max_coordinator_restarts, allow_zero=True)
@@ -489,7 +501,7 @@ def validate_config(cfg: ExperimentConfig) -> None:
 
 # Fields added after runs existed: hashed only when they differ from this default, so the run names
 # (config hashes) of earlier configs stay the same.
-_HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "train.local_steps": None}
+_HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "engine.fold_group": 1, "train.local_steps": None}
 
 
 def _hash_view(d: dict, prefix: str = "", exclude: frozenset[str] | set[str] = frozenset()) -> dict:

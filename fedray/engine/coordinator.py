@@ -5,7 +5,8 @@ owns the worker pool; the driver calls ``run_round`` once per round and gets a s
 the local backend the same class runs in the driver process over in-process workers. The coordinator
 holds the global weights, the algorithm's and the server optimizer's state, the EMA of the accuracy and
 the round number (everything a checkpoint holds); it picks the round program once, at construction, from
-``algorithm.program`` (:mod:`fedray.engine.programs`), and after each round evaluates the global model.
+``algorithm.program`` (:mod:`fedray.engine.programs`), and after each round evaluates the global model on
+the client workers, sharded (:mod:`fedray.engine.evaluation`; robustness runs here, on one thread).
 Determinism and faults: ``docs/engine.md``.
 """
 
@@ -21,11 +22,12 @@ from fedray.algorithms import build_server_optimizer
 from fedray.core.procinfo import proc_status
 from fedray.core.weights import weights_hash
 from fedray.engine.dispatch import RunAborted
+from fedray.engine.evaluation import ShardedEvaluation
 from fedray.engine.faults import FaultInjector
 from fedray.engine.pool import LocalPool, RayPool
 from fedray.engine.programs import program_for
 from fedray.engine.replica import Replica, coordinator_device, worker_spec
-from fedray.metrics import ema_update, evaluate
+from fedray.metrics import ema_update
 from fedray.metrics.analysis import feature_analysis
 from fedray.metrics.robustness import robustness_due, robustness_report
 
@@ -56,6 +58,7 @@ class Coordinator:
             num_params=int(rp.flat.layout.size), model=rp.model, meta=rp.meta,
             class_counts=rp.store.class_counts(), device=rp.device,
             faults=FaultInjector(cfg.engine.fault_injection, run_dir))
+        self.evaluation = ShardedEvaluation(self.pool, cfg, test_data, rp.meta)
 
     # ------------------------------------------------------------------------------- API
     def ready(self) -> dict:
@@ -129,18 +132,23 @@ class Coordinator:
         the previous round's weights, algorithm state and server-optimizer state, so a checkpoint written
         afterwards is the last good round's."""
         opt_state = self.server_opt.state_dict()  # the program's server step updates it in place
+        before = (self.weights, self.algo_state, self.round, self.ema)
         try:
             res = self.program.run_round(rnd, self.weights, self.algo_state)
             _check_finite(rnd, res)
+            self.weights, self.algo_state, self.round = res.weights, res.algo_state, rnd
+            t0 = time.perf_counter()
+            evaluation = self._evaluate_round(rnd)  # on the workers: it can fail like the round's tasks
+            t_eval = time.perf_counter() - t0
         except BaseException:
             self.server_opt.load_state_dict(opt_state)
+            self.weights, self.algo_state, self.round, self.ema = before
             raise
-        self.weights, self.algo_state, self.round = res.weights, res.algo_state, rnd
         report = res.report
         secs = dict(res.seconds)
-        t0 = time.perf_counter()
-        report.update(self._evaluate_round(rnd))
-        secs["eval"] = time.perf_counter() - t0
+        report.update(evaluation)
+        secs["eval"] = t_eval
+        report["worker_restarts"] = report.get("worker_restarts", 0) + report.pop("eval_worker_restarts", 0)
         report["seconds"] = secs
         report["seconds_total"] = float(sum(secs.values()))
         report["memory"] = self.memory()
@@ -155,7 +163,7 @@ class Coordinator:
         last = rnd == int(cfg.train.rounds)
         if rnd % int(cfg.eval.every) == 0 or last:
             ana = int(cfg.eval.analysis_every)
-            out.update(self.evaluate(analysis=bool(ana) and (rnd % ana == 0 or last)))
+            out.update(self.evaluate(analysis=bool(ana) and (rnd % ana == 0 or last), rnd=rnd))
             self.ema = ema_update(self.ema, out["accuracy"], cfg.eval.ema)
             out["ema_accuracy"] = self.ema
         if cfg.eval.adversarial:
@@ -163,14 +171,13 @@ class Coordinator:
                 out["robustness"] = self.robustness()
         return out
 
-    def evaluate(self, analysis: bool = False) -> dict:
-        """Accuracy (+ per domain) of the global model; with ``analysis`` also the FedRCL feature metrics
-        (covariance traces, effective rank, VCI) of its test-set embeddings."""
-        rp, cfg = self.replica, self.cfg
-        rp.flat.load(self.weights)
-        out = evaluate(rp.model, self.test["images"], self.test["labels"], meta=rp.meta,
-                       normalize=bool(cfg.data.normalize), batch_size=int(cfg.eval.batch_size),
-                       domains=self.test.get("domains"), device=rp.device, return_features=analysis)
+    def evaluate(self, analysis: bool = False, rnd: int | None = None) -> dict:
+        """Accuracy (+ per domain) of the global model, evaluated on the client workers; with ``analysis`` also
+        the FedRCL feature metrics (covariance traces, effective rank, VCI) of its test-set embeddings.
+        ``eval_retries`` / ``eval_worker_restarts``: shards run again after a failure / workers replaced."""
+        out, counters = self.evaluation.run(self.round if rnd is None else rnd, self.weights, analysis)
+        out["eval_retries"] = counters["retries"]
+        out["eval_worker_restarts"] = counters["worker_restarts"]
         if analysis:
             out["analysis"] = feature_analysis(out.pop("features"), self.test["labels"])
         return out

@@ -10,6 +10,12 @@ What to do with a failure is decided in one place, :class:`FailurePolicy`, as a 
   ``engine.max_client_retries`` failed attempts it is dropped (the program's fold skips it). A lost
   worker counts as a failed attempt of each client of its task; the survivors are resubmitted together
   (multi-client groups keep their members).
+- **Fold groups** (``Task.group``, ``engine.fold_group > 1``): the worker returns one partial sum for the
+  task's clients, so a client that raises sends the whole group again (its members in sampled order);
+  after ``engine.max_client_retries`` failed attempts it is dropped and the group runs once more without
+  it (deterministic: the partial sum is over the surviving members, in sampled order).
+- **Items that cannot be dropped** (``FailurePolicy(can_drop=False)`` on non-atomic tasks, e.g. evaluation
+  shards) are retried like clients and abort the round after ``engine.max_client_retries`` failed attempts.
 - **Split tasks** (``atomic=True``): a worker holds its clients' state for the whole round, so a failure
   resubmits the worker's whole task (pinned to that worker, flagged ``replay``). A client cannot be
   dropped half-way through a round: more than ``max_client_retries`` failures abort the round.
@@ -105,6 +111,7 @@ class Task:
     items: tuple
     worker: int | None = None  # pinned to this worker (split: it holds these clients' state)
     replay: bool = False  # a resubmission after a failure (split: rebuild and replay the round so far)
+    group: bool = False  # one partial sum for all items (engine.fold_group): a failure re-runs the group
 
     @property
     def first(self) -> int:
@@ -133,6 +140,7 @@ class TaskScheduler:
         self._moved: dict[int, int] = {}  # pinned slot -> the live slot its tasks run on now (split)
         self._replay_due: set[int] = set()  # pinned slots whose clients' state was lost (split)
         self._pinned: set[int] = set()  # every slot a task was pinned to in this round
+        self.receive_seconds = 0.0  # time spent fetching task results (Ray: from the object store)
         self._queue: list = []  # heap of (first position, sequence, task)
         self._seq = itertools.count()
         self._inflight: dict = {}  # handle -> (worker, task)
@@ -153,6 +161,7 @@ class TaskScheduler:
         handle; ``on_outcome(outcome)`` gets every successful client outcome; ``on_drop(position, cid)``
         every dropped client; ``may_start(task)`` can hold the head of the queue back (reorder window).
         ``label`` describes the work in ledger rows and errors (e.g. " in split iteration 3")."""
+        self._label = label
         for t in tasks:
             self.push(t)
         while self._queue or self._inflight:
@@ -172,16 +181,20 @@ class TaskScheduler:
                 return
             for h in ready:
                 widx, task = self._inflight.pop(h)
+                t_get = time.perf_counter()
                 try:
                     outs = self.pool.result(h)
                 except WorkerLost as err:
                     self._worker_lost(widx, task, err, on_drop, label)
                     continue
+                self.receive_seconds += time.perf_counter() - t_get
                 self._idle.append(widx)
                 if self.faults is not None:  # mid-round: tasks dispatched, nothing of this one folded yet
                     self.faults.coordinator(self.rnd)
                 if self.atomic:
                     self._atomic_outcomes(widx, task, outs, on_outcome, label)
+                elif task.group:
+                    self._group_outcome(task, outs, on_outcome, on_drop)
                 else:
                     self._outcomes(outs, on_outcome, on_drop)
 
@@ -278,6 +291,11 @@ class TaskScheduler:
         if decision is FailureDecision.RETRY:
             self.retries += 1
             return True
+        if decision is FailureDecision.ABORT_ROUND:
+            raise RoundAborted(
+                f"round {self.rnd}: item {cid}{getattr(self, '_label', '')} failed {self.attempts[cid]} times "
+                f"(engine.max_client_retries={self.policy.max_client_retries}) and cannot be dropped. Last error: "
+                f"{self.last_error.get(cid, 'worker lost')}")
         self.dropped.append(cid)
         if on_drop is not None:
             on_drop(pos, cid)
@@ -303,8 +321,8 @@ class TaskScheduler:
             self.push(replace(task, worker=widx if task.worker is None else task.worker, replay=True))
             return
         again = tuple(item for item in task.items if self._client_failed(int(item[0]), int(item[1]), on_drop))
-        if again:  # one task again, so multi-client groups keep their members
-            self.push(Task(again))
+        if again:  # one task again, so multi-client groups (and fold groups) keep their members
+            self.push(replace(task, items=again))
 
     def _outcomes(self, outs, on_outcome, on_drop) -> None:
         for out in outs:
@@ -321,6 +339,29 @@ class TaskScheduler:
                                              loss=float(out.loss), seconds=float(out.seconds), worker=out.worker,
                                              failure=None, attempt=attempt))
             on_outcome(out)
+
+    def _group_outcome(self, task: Task, res, on_outcome, on_drop) -> None:
+        """A fold group's result (:class:`~fedray.engine.outcomes.GroupOutcome`): all members succeeded, or
+        the group runs again (without the members dropped now)."""
+        bad = [o for o in res.members if o.error is not None]
+        if not bad:
+            if self.record_success:
+                for o in res.members:
+                    self.ledger.append(LedgerRow(client=int(o.cid), round=self.rnd, samples=int(o.num_samples),
+                                                 loss=float(o.loss), seconds=float(o.seconds), worker=o.worker,
+                                                 failure=None, attempt=self.attempts[o.cid] + 1))
+            on_outcome(res)
+            return
+        failed = set()
+        for o in bad:
+            self._fatal(o)
+            self._failure_row(o.cid, o.error.splitlines()[0], worker=o.worker, seconds=o.seconds,
+                              attempt=self.attempts[o.cid] + 1)
+            failed.add(int(o.cid))
+        again = tuple(it for it in task.items
+                      if int(it[1]) not in failed or self._client_failed(int(it[0]), int(it[1]), on_drop))
+        if again:
+            self.push(replace(task, items=again))
 
     def _atomic_outcomes(self, widx: int, task: Task, outs, on_outcome, label: str) -> None:
         bad = [o for o in outs if o.error is not None]

@@ -10,7 +10,7 @@ import numpy as np
 
 from fedray.core.errors import ConfigError
 
-__all__ = ["ClientOutcome", "SplitOutcome", "WorkerLost", "error_text", "is_fatal"]
+__all__ = ["ClientOutcome", "EvalOutcome", "GroupOutcome", "SplitOutcome", "WorkerLost", "error_text", "is_fatal"]
 
 
 class WorkerLost(RuntimeError):
@@ -59,3 +59,32 @@ class SplitOutcome:
     worker: str = ""
     error: str | None = None
     fatal: bool = False  # the error is a configuration error: the run stops, no retry
+
+
+@dataclass
+class GroupOutcome:
+    """One task of ``engine.fold_group: g`` consecutive sampled clients: their partial sum and their outcomes.
+
+    ``weights`` is ``sum_k a_k w_k`` over the members in sampled order (float32, ``a_k`` as the coordinator's
+    ordered fold computes it), None when a member failed; ``members`` are the clients' outcomes without
+    weights (statistics, extras, ledger), up to and including the first failed one."""
+
+    pos: int  # the group's first sampled position
+    weights: np.ndarray | None
+    members: list[ClientOutcome]
+
+
+@dataclass
+class EvalOutcome:
+    """One test shard's sums (:func:`fedray.metrics.evaluate_batches`), or ``error``."""
+
+    pos: int  # shard index
+    part: dict | None
+    seconds: float
+    worker: str
+    error: str | None = None
+    fatal: bool = False
+
+    @property
+    def cid(self) -> int:  # the scheduler counts attempts per item id: a shard's is its index
+        return self.pos

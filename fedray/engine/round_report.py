@@ -1,4 +1,5 @@
-"""The types a round program hands back: one ledger row per client attempt, and the round's result."""
+"""The types a round program hands back: one ledger row per client attempt, the round's result, and the
+per-client statistics of the folded clients."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-__all__ = ["LedgerRow", "RoundResult"]
+__all__ = ["ClientTally", "LedgerRow", "RoundResult"]
 
 
 @dataclass
@@ -38,3 +39,18 @@ class RoundResult:
     report: dict
     ledger: list[LedgerRow] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
+
+
+class ClientTally:
+    """Per-client statistics of the folded clients, accumulated in sampled order."""
+
+    def __init__(self):
+        self.loss_sum, self.samples, self.clients = 0.0, 0, 0
+        self.extras: list[dict] = []
+
+    def add(self, out) -> None:
+        self.loss_sum += out.loss * out.num_samples
+        self.samples += out.num_samples
+        self.clients += 1
+        if out.extras:
+            self.extras.append({"cid": out.cid, "num_samples": out.num_samples, **out.extras})

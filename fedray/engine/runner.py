@@ -28,6 +28,7 @@ from fedray.data.sources import load_source
 from fedray.data.store import build_partition
 from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard, Trackers
 from fedray.engine.client.grouped import check_multi_client
+from fedray.engine.programs.fold_group import check_fold_group
 from fedray.engine.coordinator import Coordinator
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.faults import FaultInjector
@@ -141,6 +142,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
     check_registries(cfg)
+    check_fold_group(cfg)  # partial sums on the workers: refused for incompatible algorithms before any work
     check_output_root(cfg)
     bundle, store = prepare_data(cfg, log)
     check_model(cfg, store.meta)

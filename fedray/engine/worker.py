@@ -15,10 +15,12 @@ import os
 from fedray.algorithms.base import ClientHints
 from fedray.core.procinfo import proc_memory_mb
 from fedray.engine.client.grouped import GroupedRuntime
+from fedray.engine.client.partial import run_partial_sum
 from fedray.engine.client.sequential import SequentialRuntime
 from fedray.engine.client.split import SplitRuntime
+from fedray.engine.evaluation import evaluate_shards
 from fedray.engine.faults import FaultInjector
-from fedray.engine.outcomes import ClientOutcome, SplitOutcome
+from fedray.engine.outcomes import ClientOutcome, EvalOutcome, GroupOutcome, SplitOutcome
 from fedray.engine.replica import Replica, WorkerSpec
 from fedray.engine.state import ClientStateStore
 
@@ -62,11 +64,25 @@ class ClientWorker:
     def run_clients(self, rnd: int, weights, payload: dict, chunk: list[tuple[int, int]],
                     hints: ClientHints | None = None) -> list[ClientOutcome]:
         """Train each (position, client id) of ``chunk`` from ``weights``; one outcome per client."""
+        return self._runtime().run(rnd, weights, payload, chunk, hints or ClientHints())
+
+    def run_group(self, rnd: int, weights, payload: dict, items: list[tuple[int, int, float]],
+                  hints: ClientHints | None = None) -> GroupOutcome:
+        """``engine.fold_group``: train ``items = [(position, client id, a_k)]`` and return their partial sum
+        (:mod:`fedray.engine.client.partial`)."""
+        step = max(1, int(self.replica.cfg.engine.multi_client))
+        return run_partial_sum(self._runtime(), rnd, weights, payload, items, hints or ClientHints(), step)
+
+    def _runtime(self):
         if self._federated is None:
             multi = int(self.replica.cfg.engine.multi_client) > 1
             runtime = GroupedRuntime if multi else SequentialRuntime
             self._federated = runtime(self.replica, self.states, self.faults, self.name)
-        return self._federated.run(rnd, weights, payload, chunk, hints or ClientHints())
+        return self._federated
+
+    def evaluate_shards(self, weights, test: dict, shards: list, analysis: bool = False) -> list[EvalOutcome]:
+        """Evaluate ``weights`` on the test shards ``[(shard, start, stop)]`` (:mod:`fedray.engine.evaluation`)."""
+        return evaluate_shards(self.replica, weights, test, shards, analysis, self.name)
 
     def split_step(self, rnd: int, it: int, init, payload: dict, items: list, grads: dict | None = None,
                    replay: list | None = None) -> list[SplitOutcome]:

@@ -10,26 +10,59 @@ import torch.nn.functional as F
 
 
 @torch.no_grad()
-def evaluate(model, images: np.ndarray, labels: np.ndarray, *, meta, normalize: bool, batch_size: int = 500,
-             domains: np.ndarray | None = None, device="cpu", return_features: bool = False) -> dict:
-    """Top-1 accuracy and mean cross-entropy of ``model`` on a test split (plus per-domain accuracy)."""
+def evaluate_batches(model, images: np.ndarray, labels: np.ndarray, start: int, stop: int, *, meta, normalize: bool,
+                     batch_size: int = 500, device="cpu", return_features: bool = False) -> dict:
+    """The test examples ``start .. stop-1`` in batches of ``batch_size`` from ``start`` (one shard of
+    :func:`evaluate`): each batch's cross-entropy sum (a Python float), each example's correct flag and, with
+    ``return_features``, its embedding. ``start`` must be a multiple of ``batch_size`` so the batches are
+    the ones :func:`evaluate` forms over the whole split. The model's train/eval mode is restored."""
     from fedray.data.loader import to_float
 
+    if start % batch_size:
+        raise ValueError(f"evaluate_batches: start {start} is not a multiple of the batch size {batch_size}")
+    was_training = model.training
     model.eval()
-    n = int(labels.shape[0])
-    correct = np.zeros(n, dtype=bool)
-    loss_sum = 0.0
+    correct = np.zeros(max(0, stop - start), dtype=bool)
+    losses: list[float] = []
     feats = []
-    for i in range(0, n, batch_size):
-        xb = to_float(torch.from_numpy(np.array(images[i : i + batch_size])), meta, normalize).to(device)
-        yb = torch.from_numpy(np.array(labels[i : i + batch_size])).to(device)
-        if return_features:
-            logits, taps = model.forward_features(xb, taps=("embedding",))
-            feats.append(taps["embedding"].reshape(len(yb), -1).cpu())
-        else:
-            logits = model(xb)
-        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct[i : i + batch_size] = (logits.argmax(1) == yb).cpu().numpy()
+    try:
+        for i in range(start, stop, batch_size):
+            j = min(i + batch_size, stop)
+            xb = to_float(torch.from_numpy(np.array(images[i:j])), meta, normalize).to(device)
+            yb = torch.from_numpy(np.array(labels[i:j])).to(device)
+            if return_features:
+                logits, taps = model.forward_features(xb, taps=("embedding",))
+                feats.append(taps["embedding"].reshape(len(yb), -1).cpu())
+            else:
+                logits = model(xb)
+            losses.append(float(F.cross_entropy(logits, yb, reduction="sum")))
+            correct[i - start : j - start] = (logits.argmax(1) == yb).cpu().numpy()
+    finally:
+        model.train(was_training)
+    return {"start": int(start), "stop": int(stop), "losses": losses, "correct": correct,
+            "features": torch.cat(feats).numpy() if feats else None}
+
+
+def reduce_evaluation(parts: list[dict], labels: np.ndarray, *, meta, domains: np.ndarray | None = None,
+                      return_features: bool = False) -> dict:
+    """Accuracy, mean cross-entropy (and per-domain accuracy, embeddings) from the shards of
+    :func:`evaluate_batches` covering the test split in order. The loss is summed batch by batch from the
+    first batch on, in float64, so any cut of the split into batch-aligned shards gives the same bits as one
+    shard over the whole split; the correct counts are exact."""
+    n = int(labels.shape[0])
+    at = 0
+    for p in parts:
+        if p["start"] != at:
+            raise ValueError(f"reduce_evaluation: the shards do not cover the test split in order (a shard starts at "
+                             f"{p['start']}, expected {at})")
+        at = p["stop"]
+    if at != n:
+        raise ValueError(f"reduce_evaluation: the shards end at example {at} of {n}")
+    loss_sum = 0.0
+    for p in parts:
+        for x in p["losses"]:
+            loss_sum += x
+    correct = np.concatenate([p["correct"] for p in parts]) if parts else np.zeros(0, dtype=bool)
     out = {
         "accuracy": float(correct.mean()) if n else math.nan,
         "test_loss": loss_sum / n if n else math.nan,
@@ -43,8 +76,18 @@ def evaluate(model, images: np.ndarray, labels: np.ndarray, *, meta, normalize: 
         out["domain_accuracy"] = per
         out["domain_mean_accuracy"] = float(np.mean(list(per.values()))) if per else math.nan
     if return_features:
-        out["features"] = torch.cat(feats).numpy() if feats else np.zeros((0, 0), np.float32)
+        feats = [p["features"] for p in parts if p["features"] is not None]
+        out["features"] = np.concatenate(feats) if feats else np.zeros((0, 0), np.float32)
     return out
+
+
+def evaluate(model, images: np.ndarray, labels: np.ndarray, *, meta, normalize: bool, batch_size: int = 500,
+             domains: np.ndarray | None = None, device="cpu", return_features: bool = False) -> dict:
+    """Top-1 accuracy and mean cross-entropy of ``model`` on a test split (plus per-domain accuracy), in this
+    process: one shard over the whole split (the engine shards it over its workers, ``fedray.engine.evaluation``)."""
+    part = evaluate_batches(model, images, labels, 0, int(labels.shape[0]), meta=meta, normalize=normalize,
+                            batch_size=batch_size, device=device, return_features=return_features)
+    return reduce_evaluation([part], labels, meta=meta, domains=domains, return_features=return_features)
 
 
 def ema_update(prev: float | None, value: float, decay: float) -> float:

@@ -65,3 +65,25 @@ def test_nothing_folded_gives_none():
     fold.skip(1)
     fold.skip(0)
     assert fold.complete and fold.result() is None
+
+
+def test_scaled_fold_adds_partial_sums_in_order_and_renormalises_over_their_weights():
+    """engine.fold_group: the vectors are partial sums already multiplied by a_k = weight_k / total; the fold
+    adds them in position order whatever the arrival order, and ``weight=`` says what a partial sum holds."""
+    rng = np.random.default_rng(4)
+    client_w = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0]
+    vecs = [rng.standard_normal(257).astype(np.float32) for _ in client_w]
+    per_client = OrderedFold(client_w)
+    a = [per_client.coefficient(p) for p in range(6)]
+    parts = [vecs[0] * a[0] + vecs[1] * a[1], vecs[2] * a[2] + vecs[3] * a[3], vecs[4] * a[4] + vecs[5] * a[5]]
+    fold = OrderedFold([4.0, 5.0, 14.0], total=per_client.total, scaled=True)
+    for g in (2, 0, 1):
+        fold.add(g, parts[g], g)
+    assert np.array_equal(fold.result(), (parts[0] + parts[1]) + parts[2])
+    # the middle group lost client 3 (weight 1): it holds 4.0 of its 5.0; the sum is renormalised over 22.0
+    fold = OrderedFold([4.0, 5.0, 14.0], total=per_client.total, scaled=True)
+    fold.add(1, vecs[2] * a[2], weight=4.0)
+    fold.add(0, parts[0])
+    fold.add(2, parts[2])
+    expect = ((parts[0] + vecs[2] * a[2]) + parts[2]) * np.float32(23.0 / 22.0)
+    assert fold.kept == 22.0 and np.array_equal(fold.result(), expect)

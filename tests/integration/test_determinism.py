@@ -56,3 +56,31 @@ def test_multi_client_identical_across_worker_counts(tmp_path, partition_cache, 
                        engine__chunk_size=3, **base)
     hashes["ray-4w-chunk3"] = _run(cfg).weights_hash
     assert len(set(hashes.values())) == 1, hashes
+
+
+@pytest.mark.ray
+def test_fold_group_identical_across_worker_counts_backends_and_resume(tmp_path, partition_cache, ray_session):
+    """engine.fold_group: 5 (groups 5 + 5 + 2): the same final weights in-process with 1 worker, on Ray with 2
+    and after a driver crash + --resume (fake-pool worker counts: tests/engine/programs/test_fold_group.py);
+    the sharded evaluation's numbers agree everywhere too."""
+    from fedray.reporting.rundir import RunDir
+
+    base = dict(train__rounds=2, train__clients_per_round=12, engine__fold_group=5, output__checkpoint_every=1)
+    runs = {"local-1w": _run(small_config(tmp_path / "l1", partition_cache, **base)),
+            "ray-2w": _run(small_config(tmp_path / "r2", partition_cache, engine__backend="ray",
+                                        engine__num_workers=2, **base))}
+    cfg = small_config(tmp_path / "crash", partition_cache, engine__fault_injection={"kind": "driver_exit", "round": 2},
+                       **base)
+    cfg_path = tmp_path / "crash.json"
+    cfg_path.write_text(json.dumps(cfg))
+    code = ("import json; from fedray.config import from_dict; from fedray.engine.runner import run_experiment;"
+            f"run_experiment(from_dict(json.load(open({str(cfg_path)!r}))), progress=False)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 17, proc.stderr[-2000:]
+    run_dir = next((tmp_path / "crash" / "runs").iterdir())
+    runs["resumed"] = run_experiment(resume=run_dir, progress=False, log=lambda *a: None)
+    assert len({r.weights_hash for r in runs.values()}) == 1, {k: r.weights_hash for k, r in runs.items()}
+    rows = {k: [(m["accuracy"], m["test_loss"], m["bytes"]["upload"]) for m in RunDir(r.run_dir).read_metrics()]
+            for k, r in runs.items()}
+    assert len({tuple(v) for v in rows.values()}) == 1, rows
+    assert rows["local-1w"][0][2] == 3 * 4 * 1_663_370  # one partial sum per group crosses the object store

@@ -98,7 +98,7 @@ def test_the_round_state_change_is_atomic():
             raise KeyboardInterrupt  # ... then Ctrl-C arrives (e.g. during after_aggregate)
 
     c = Coordinator.__new__(Coordinator)
-    c.server_opt, c.program, c.weights, c.algo_state, c.round = opt, Program(), w0, {"a": 1}, 1
+    c.server_opt, c.program, c.weights, c.algo_state, c.round, c.ema = opt, Program(), w0, {"a": 1}, 1, 0.5
     with pytest.raises(KeyboardInterrupt):
         c.run_round(2)
     assert c.round == 1 and c.weights is w0 and c.algo_state == {"a": 1}
@@ -113,6 +113,21 @@ def test_the_round_state_change_is_atomic():
     with pytest.raises(RunAborted, match="4 non-finite values"):
         c.run_round(2)
     assert c.round == 1 and np.array_equal(opt.state_dict()["m"], before["m"])
+
+    class Fine:
+        def run_round(self, rnd, weights, state):
+            opt.step(weights, weights * 0.25)
+            return RoundResult(weights=np.full(4, 2.0, np.float32), algo_state={"b": 2}, report={"loss": 0.1})
+
+    def evaluation_fails(rnd):  # the sharded evaluation runs on the workers and can fail like a task
+        c.ema = 0.9
+        raise RoundAborted("round 2: item 0 (an evaluation shard) failed 3 times")
+
+    c.program, c._evaluate_round = Fine(), evaluation_fails
+    with pytest.raises(RoundAborted):
+        c.run_round(2)
+    assert c.round == 1 and c.weights is w0 and c.algo_state == {"a": 1} and c.ema == 0.5
+    assert np.array_equal(opt.state_dict()["m"], before["m"])
 
 
 def test_fedray_run_exits_non_zero_with_the_reason(tmp_path, partition_cache, capsys):

@@ -19,28 +19,14 @@ import numpy as np
 
 from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler, live_workers
 from fedray.engine.fold import OrderedFold
-from fedray.engine.round_report import RoundResult
+from fedray.engine.round_report import ClientTally, RoundResult
+from fedray.engine.programs.fold_group import train_groups
 from fedray.engine.sampling import sample_clients
 
 __all__ = ["FederatedProgram"]
 
 # Default budget for client updates held by the coordinator at once (default chunk size; see chunk_size).
 _HELD_UPDATES_BYTES = 256 << 20
-
-
-class _Tally:
-    """Per-client statistics of the folded clients, accumulated in sampled order."""
-
-    def __init__(self):
-        self.loss_sum, self.samples, self.clients = 0.0, 0, 0
-        self.extras: list[dict] = []
-
-    def add(self, out) -> None:
-        self.loss_sum += out.loss * out.num_samples
-        self.samples += out.num_samples
-        self.clients += 1
-        if out.extras:
-            self.extras.append({"cid": out.cid, "num_samples": out.num_samples, **out.extras})
 
 
 class FederatedProgram:
@@ -84,7 +70,10 @@ class FederatedProgram:
         secs["broadcast"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        agg = self.train(rnd, sampled, w_ref, p_ref, hints)
+        if int(e.fold_group) > 1:  # partial sums on the workers (fedray.engine.programs.fold_group)
+            agg = train_groups(self, rnd, sampled, w_ref, p_ref, hints)
+        else:
+            agg = self.train(rnd, sampled, w_ref, p_ref, hints)
         secs["train"] = time.perf_counter() - t0 - agg["fold_seconds"]
 
         t0 = time.perf_counter()
@@ -98,9 +87,10 @@ class FederatedProgram:
         report = {
             "round": rnd, "num_clients": agg["num_clients"], "num_samples": agg["num_samples"], "loss": agg["loss"],
             "dropped": agg["dropped"], "retries": agg["retries"], "worker_restarts": agg["worker_restarts"],
-            "stragglers_cancelled": agg["cancelled"],
+            "stragglers_cancelled": agg["cancelled"], "receive_seconds": agg["receive_seconds"],
             "lr": float(cfg.train.lr) * float(cfg.train.lr_decay) ** (rnd - 1),
-            "bytes": {"broadcast": int(bw.nbytes) * len(sampled), "upload": int(bw.nbytes) * agg["num_clients"]},
+            "bytes": {"broadcast": int(bw.nbytes) * len(sampled),
+                      "upload": int(bw.nbytes) * agg.get("uploads", agg["num_clients"])},
         }
         for key, value in algo.round_metrics(rnd, state, len(sampled)).items():
             if key == "bytes":
@@ -119,7 +109,7 @@ class FederatedProgram:
         chunk = self.chunk_size(k)
         window = int(e.reorder_window or max(2 * max(1, self.pool.size) * chunk, chunk + 1))
         client_w = [self.algorithm.client_weight(int(self.sizes[c])) for c in sampled]
-        fold, tally = OrderedFold(client_w), _Tally()
+        fold, tally = OrderedFold(client_w), ClientTally()
         timing = {"fold": 0.0}
         finished: dict[int, object] = {}  # straggler mode: outcomes by position, folded after the round
 
@@ -162,7 +152,8 @@ class FederatedProgram:
         return {"avg": fold.result(), "fold_seconds": timing["fold"], "num_clients": tally.clients,
                 "num_samples": tally.samples, "loss": tally.loss_sum / tally.samples if tally.samples else math.nan,
                 "extras": tally.extras, "dropped": sched.dropped, "retries": sched.retries,
-                "worker_restarts": sched.worker_restarts, "ledger": sched.ledger, "cancelled": cancelled}
+                "worker_restarts": sched.worker_restarts, "ledger": sched.ledger, "cancelled": cancelled,
+                "receive_seconds": sched.receive_seconds}
 
     @staticmethod
     def _keep_first(sampled, client_w, sched, finished: dict, target: int, cancelled: int):

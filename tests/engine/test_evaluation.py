@@ -1,0 +1,126 @@
+"""fedray.engine.evaluation: evaluation sharded over the workers, reduced in shard order (fake pool)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from fedray.core.weights import FlatParams
+from fedray.data.sources import load_source
+from fedray.engine.dispatch import RoundAborted
+from fedray.engine.evaluation import ShardedEvaluation, evaluate_shards, shard_ranges
+from fedray.engine.outcomes import WorkerLost
+from fedray.metrics import evaluate
+from fedray.models import model_for_meta
+
+
+@pytest.fixture(scope="module")
+def setup():
+    bundle = load_source("mnist5k", None)
+    torch.manual_seed(0)
+    model = model_for_meta("mlp", bundle.meta, hidden=[32])
+    flat = FlatParams(model, torch.device("cpu"))
+    weights = flat.read().copy()
+    n = 437  # a last shard shorter than the batch
+    rng = np.random.default_rng(0)
+    test = {"images": np.ascontiguousarray(bundle.test.images()[:n]),
+            "labels": np.ascontiguousarray(bundle.test.labels[:n]),
+            "domains": rng.integers(0, 3, n)}
+    meta = dataclasses.replace(bundle.meta, domains=("a", "b", "c"))
+    model.train()
+    return model, flat, weights, test, meta
+
+
+def replica(setup, batch_size):
+    model, flat, _, _, meta = setup
+    cfg = types.SimpleNamespace(data=types.SimpleNamespace(normalize=False),
+                                eval=types.SimpleNamespace(batch_size=batch_size),
+                                engine=types.SimpleNamespace(max_client_retries=1, max_worker_restarts=5))
+    return types.SimpleNamespace(cfg=cfg, model=model, flat=flat, meta=meta, device=torch.device("cpu"))
+
+
+class Handle:
+    def __init__(self, value, widx):
+        self.value, self.widx = value, widx
+
+
+class Pool:
+    """Workers that evaluate on one shared replica; ``wait`` returns tasks in a seeded shuffled order;
+    ``lose`` first shards whose task loses its worker once; ``broken`` shards that always raise."""
+
+    kind = "local"
+
+    def __init__(self, rp, size, seed, lose=(), broken=()):
+        self.rp, self.size, self.restarts = rp, size, 0
+        self.rng = np.random.default_rng(seed)
+        self.lose, self.broken = set(lose), set(broken)
+        self.submitted = []
+
+    def put(self, obj):
+        return obj
+
+    def submit(self, widx, method, w, test, shards, analysis):
+        assert method == "evaluate_shards"
+        self.submitted.append((widx, [s[0] for s in shards]))
+        if shards[0][0] in self.lose:
+            self.lose.discard(shards[0][0])
+            return Handle(None, widx)
+        # a fresh weight vector per task, as a new worker would see it: the replica's own weights are scrambled
+        self.rp.flat.load(np.zeros_like(w))
+        outs = evaluate_shards(self.rp, w, test, shards, analysis, f"w{widx}")
+        for o in outs:
+            if o.pos in self.broken:
+                o.part, o.error = None, "RuntimeError: shard broke\ntrace"
+        return Handle(outs, widx)
+
+    def wait(self, handles, timeout=None):
+        handles = list(handles)
+        return [handles[int(i)] for i in self.rng.permutation(len(handles))[: self.rng.integers(1, len(handles) + 1)]]
+
+    def result(self, h):
+        if h.value is None:
+            raise WorkerLost(f"w{h.widx} killed")
+        return h.value
+
+    def replace(self, widx):
+        self.restarts += 1
+
+    def cancel(self, handles):
+        pass
+
+
+def test_shards_are_batches_by_index_whatever_the_workers():
+    assert shard_ranges(437, 100) == [(0, 100), (100, 200), (200, 300), (300, 400), (400, 437)]
+    assert shard_ranges(0, 100) == []
+
+
+@pytest.mark.parametrize("analysis", [False, True])
+def test_sharded_evaluation_equals_one_process_evaluation_bit_for_bit(setup, analysis):
+    model, flat, weights, test, meta = setup
+    flat.load(weights)
+    ref = evaluate(model, test["images"], test["labels"], meta=meta, normalize=False, batch_size=50,
+                   domains=test["domains"], return_features=analysis)
+    for size, seed, lose in ((1, 0, ()), (2, 1, ()), (4, 2, (0, 4)), (3, 3, (8,))):
+        pool = Pool(replica(setup, 50), size, seed, lose=lose)
+        out, counters = ShardedEvaluation(pool, replica(setup, 50).cfg, test, meta).run(1, weights, analysis)
+        assert counters["worker_restarts"] == len(lose) and pool.restarts == len(lose)
+        assert out["accuracy"] == ref["accuracy"] and out["test_loss"] == ref["test_loss"]
+        assert out["domain_accuracy"] == ref["domain_accuracy"]
+        assert out["domain_mean_accuracy"] == ref["domain_mean_accuracy"]
+        if analysis:
+            assert np.array_equal(out["features"], ref["features"])
+        # the model in train mode before stays in train mode (the workers train with the same replica)
+        assert model.training
+
+
+def test_a_shard_that_keeps_failing_aborts_the_round(setup):
+    _, _, weights, test, meta = setup
+    rp = replica(setup, 100)
+    pool = Pool(rp, 2, 0, broken={2})
+    with pytest.raises(RoundAborted, match=r"round 4: item 2 \(an evaluation shard\) failed 2 times"):
+        ShardedEvaluation(pool, rp.cfg, test, meta).run(4, weights)
+    assert sum(2 in shards for _, shards in pool.submitted) == 2  # retried once (max_client_retries=1), no drop
