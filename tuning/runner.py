@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -65,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedray.config import ConfigError, ExperimentConfig, from_dict
+from fedray.core.io import exclusive_lock
 from tuning.study import DERIVED_METRICS, StudySpec
 
 DEFAULT_OUTPUT_DIR = "runs/studies"
@@ -332,28 +332,14 @@ class StudyRunner:
 
     @contextlib.contextmanager
     def _driver_lock(self):
-        self.study_dir.mkdir(parents=True, exist_ok=True)
-        path = self.study_dir / "driver.lock"
-        f = open(path, "a+")
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip()
-            f.close()
-            raise ConfigError(f"study {self.spec.name!r}: another driver is running it ({holder or 'unknown'}; "
-                              f"lock {path})") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}, session {self.session_id}\n")
-        f.flush()
-        try:
-            yield
-        finally:
+        """One driver per study: ``driver.lock`` in the study directory (fedray.core.io.exclusive_lock)."""
+        holder = f"pid {os.getpid()} on {socket.gethostname()}, session {self.session_id}"
+        with contextlib.ExitStack() as stack:
             try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-            finally:
-                f.close()
+                stack.enter_context(exclusive_lock(self.study_dir / "driver.lock", holder, f"study {self.spec.name!r}"))
+            except RuntimeError as e:  # another live driver holds it
+                raise ConfigError(str(e)) from None
+            yield
 
     # ------------------------------------------------------------------------------ trial configs
     def _resources(self, cfg0: ExperimentConfig) -> tuple[int, dict]:

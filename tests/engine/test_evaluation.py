@@ -13,9 +13,9 @@ from fedray.core.weights import FlatParams
 from fedray.data.sources import load_source
 from fedray.engine.dispatch import RoundAborted
 from fedray.engine.evaluation import ShardedEvaluation, evaluate_shards, shard_ranges
-from fedray.engine.outcomes import WorkerLost
 from fedray.metrics import evaluate
 from fedray.models import model_for_meta
+from tests.engine.fakes import ShuffledPool
 
 
 @pytest.fixture(scope="module")
@@ -43,54 +43,29 @@ def replica(setup, batch_size):
     return types.SimpleNamespace(cfg=cfg, model=model, flat=flat, meta=meta, device=torch.device("cpu"))
 
 
-class Handle:
-    def __init__(self, value, widx):
-        self.value, self.widx = value, widx
-
-
-class Pool:
-    """Workers that evaluate on one shared replica; ``wait`` returns tasks in a seeded shuffled order;
-    ``lose`` first shards whose task loses its worker once; ``broken`` shards that always raise."""
-
-    kind = "local"
+class Pool(ShuffledPool):
+    """Workers that evaluate on one shared replica; ``lose`` first shards whose task loses its worker once;
+    ``broken`` shards that always raise."""
 
     def __init__(self, rp, size, seed, lose=(), broken=()):
-        self.rp, self.size, self.restarts = rp, size, 0
-        self.rng = np.random.default_rng(seed)
+        super().__init__(size, seed)
+        self.rp = rp
         self.lose, self.broken = set(lose), set(broken)
         self.submitted = []
 
-    def put(self, obj):
-        return obj
-
-    def submit(self, widx, method, w, test, shards, analysis):
+    def run(self, widx, method, w, test, shards, analysis):
         assert method == "evaluate_shards"
         self.submitted.append((widx, [s[0] for s in shards]))
         if shards[0][0] in self.lose:
             self.lose.discard(shards[0][0])
-            return Handle(None, widx)
+            return None
         # a fresh weight vector per task, as a new worker would see it: the replica's own weights are scrambled
         self.rp.flat.load(np.zeros_like(w))
         outs = evaluate_shards(self.rp, w, test, shards, analysis, f"w{widx}")
         for o in outs:
             if o.pos in self.broken:
                 o.part, o.error = None, "RuntimeError: shard broke\ntrace"
-        return Handle(outs, widx)
-
-    def wait(self, handles, timeout=None):
-        handles = list(handles)
-        return [handles[int(i)] for i in self.rng.permutation(len(handles))[: self.rng.integers(1, len(handles) + 1)]]
-
-    def result(self, h):
-        if h.value is None:
-            raise WorkerLost(f"w{h.widx} killed")
-        return h.value
-
-    def replace(self, widx):
-        self.restarts += 1
-
-    def cancel(self, handles):
-        pass
+        return outs
 
 
 def test_shards_are_batches_by_index_whatever_the_workers():

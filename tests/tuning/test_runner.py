@@ -219,3 +219,15 @@ def test_rdb_storage_url_runs_and_resumes(tmp_path, partition_cache, monkeypatch
     assert all(Path(t.user_attrs["run_dir"]).is_dir() for t in stored)
     again = tune(study_file, storage=url, resume=True, output_dir=tmp_path / "out", log=lambda m: None)
     assert len(again.trials) == 2 and len(optuna.load_study(study_name="rdb", storage=url).trials) == 2
+
+
+def test_a_second_driver_of_the_same_study_is_refused(tmp_path, partition_cache):
+    d = study_dict(tmp_path, partition_cache)
+    first = StudyRunner(parse_study(d, source_path=tmp_path / "s.yaml"), output_dir=tmp_path)
+    second = StudyRunner(parse_study(d, source_path=tmp_path / "s.yaml"), output_dir=tmp_path)
+    with first._driver_lock():
+        with pytest.raises(ConfigError, match="another driver is running it"):
+            with second._driver_lock():
+                pass
+    with second._driver_lock():
+        pass

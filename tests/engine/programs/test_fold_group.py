@@ -10,9 +10,10 @@ import pytest
 from fedray.config import from_dict
 from fedray.core.errors import ConfigError
 from fedray.engine.client.partial import run_partial_sum
-from fedray.engine.outcomes import ClientOutcome, WorkerLost
+from fedray.engine.outcomes import ClientOutcome
 from fedray.engine.programs.federated import FederatedProgram
 from fedray.engine.programs.fold_group import check_fold_group, train_groups
+from tests.engine.fakes import ShuffledPool
 from tests.helpers import small_config
 
 DIM = 4099
@@ -43,51 +44,27 @@ class Runtime:
         return out
 
 
-class Handle:
-    def __init__(self, value, widx: int):
-        self.value, self.widx = value, widx
-
-
-class Pool:
-    """Runs tasks at submit time; ``wait`` hands them back in a shuffled order (seeded); ``lose`` names the
-    first positions whose task loses its worker on the first submission."""
-
-    kind = "local"
+class Pool(ShuffledPool):
+    """``lose`` names the first positions whose task loses its worker on the first submission."""
 
     def __init__(self, size: int, order_seed: int, raises: dict | None = None, lose: set | None = None):
-        self.size, self.restarts = size, 0
-        self.rng = np.random.default_rng(order_seed)
+        super().__init__(size, order_seed)
         self.runtime = Runtime(dict(raises or {}))
         self.lose = set(lose or ())
         self.uploads = 0
 
-    def submit(self, widx, method, rnd, w, p, items, hints):
+    def run(self, widx, method, rnd, w, p, items, hints):
         first = items[0][0]
         if first in self.lose:
             self.lose.discard(first)
-            return Handle(None, widx)
+            return None
         if method == "run_group":
             res = run_partial_sum(self.runtime, rnd, w, p, items, hints)
             self.uploads += res.weights is not None
         else:
             res = self.runtime.run(rnd, w, p, items, hints)
             self.uploads += sum(o.weights is not None for o in res)
-        return Handle(res, widx)
-
-    def wait(self, handles, timeout=None):
-        handles = list(handles)
-        return [handles[int(i)] for i in self.rng.permutation(len(handles))[: self.rng.integers(1, len(handles) + 1)]]
-
-    def result(self, h):
-        if h.value is None:
-            raise WorkerLost(f"w{h.widx} killed")
-        return h.value
-
-    def replace(self, widx):
-        self.restarts += 1
-
-    def cancel(self, handles):
-        pass
+        return res
 
 
 def program(pool, g: int, retries: int = 2, dropped_fraction: float = 0.0) -> FederatedProgram:
