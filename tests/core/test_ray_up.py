@@ -21,6 +21,11 @@ import yaml
 from fedray.core import ray_env, ray_up
 from tests.helpers import ROOT, run_quiet, small_config, terminate_matching
 
+#: a string this test process's own command line holds, as a live head's holds its temp dir (argv[0] may be a
+#: relative path such as `.venv/bin/python`, so sys.executable, always absolute, may not be in it)
+with open("/proc/self/cmdline", "rb") as _f:
+    OWN_CMDLINE = _f.read().split(b"\0")[0].decode()
+
 
 def _env(cache: Path) -> dict:
     env = {k: v for k, v in os.environ.items()
@@ -89,7 +94,7 @@ def test_stale_record_is_dropped_with_a_notice(monkeypatch, tmp_path):
     assert ray_env.read_warm_record(lines.append) is None  # this process does not run under that temp dir
     assert not path.exists() and "is gone; starting a local Ray instead" in lines[-1]
     # alive process with the marker in its command line, but nothing answers at the port
-    path.write_text(json.dumps({"address": f"127.0.0.1:{port}", "temp_dir": sys.executable, "gcs_pid": os.getpid()}))
+    path.write_text(json.dumps({"address": f"127.0.0.1:{port}", "temp_dir": OWN_CMDLINE, "gcs_pid": os.getpid()}))
     assert ray_env.read_warm_record(lines.append) is None and not path.exists()
     path.write_text("{not json")
     assert ray_env.read_warm_record(lines.append) is None and "unreadable" in lines[-1] and not path.exists()
@@ -99,12 +104,12 @@ def test_stale_record_is_dropped_with_a_notice(monkeypatch, tmp_path):
 def test_record_of_another_checkout_is_not_joined(monkeypatch, tmp_path):
     """A running `fedray up` cluster whose workers import another checkout's fedray is not joined (the workers
     would run other code than the driver); its record stays for the checkout that made it."""
-    with socket.socket() as s:  # a live "GCS": this process (its command line holds sys.executable), a port
+    with socket.socket() as s:  # a live "GCS": this process (its command line holds OWN_CMDLINE), a port
         s.bind(("127.0.0.1", 0))
         s.listen()
         lines = []
         path = _record(monkeypatch, tmp_path, {"address": f"127.0.0.1:{s.getsockname()[1]}",
-                                               "temp_dir": sys.executable, "gcs_pid": os.getpid(),
+                                               "temp_dir": OWN_CMDLINE, "gcs_pid": os.getpid(),
                                                "fedray": "/elsewhere/fedray"})
         assert ray_env.read_warm_record(lines.append) is None
         assert "its workers run fedray from /elsewhere/fedray" in lines[-1] and path.exists()

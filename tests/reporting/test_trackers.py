@@ -132,7 +132,9 @@ def test_wandb_offline_run_and_resume_read_back(tmp_path):
     assert st2["run_id"] == st["run_id"] and not st2["new"]
     again.log(3, {"loss": 1 / 3})
     again.finish("finished", {"round": 3, "accuracy": 0.25}, [], {"status": "finished"})
-    first, second = sorted((tmp_path / "run-w" / "wandb").glob(f"offline-run-*-{st['run_id']}"))
+    # one folder per session: offline-run-<start second>-<id>, and W&B adds "-1" to the second's name when
+    # both sessions started within the same second (a fast resume)
+    first, second = sorted((tmp_path / "run-w" / "wandb").glob(f"offline-run-*-{st['run_id']}*"))
     a, b = wandb_run(first), wandb_run(second)
     assert a["id"] == b["id"] == st["run_id"]
     assert a["config"]["train"]["lr"] == 0.07 and a["config"]["fedray_run"] == {"algorithm": "fedavg"}
