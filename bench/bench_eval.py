@@ -44,7 +44,6 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1, help="alternating repetitions of both settings")
     args = ap.parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from fedray.core.ray_env import ensure_ray
 
     ensure_ray(None)  # one Ray for every run: start-up is not what is measured

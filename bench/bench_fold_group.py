@@ -94,7 +94,6 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from fedray.core.ray_env import ensure_ray
 
     ensure_ray(None)  # one Ray for every run

@@ -125,7 +125,7 @@ def run_one(cmd: list[str], root: Path = ROOT, warm_temp: str | None = None) -> 
     """One implementation's process under ``time -v``; ``root``: the checkout it runs from; ``warm_temp``:
     the temp dir of the `fedray up` cluster it joins (whose processes the memory sampler adds), else a cold
     run that must not join it (FEDRAY_NO_WARM=1)."""
-    env = dict(os.environ, RAY_AUTH_MODE=os.environ.get("RAY_AUTH_MODE", "disabled"), RAY_USAGE_STATS_ENABLED="0",
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0",
                TQDM_DISABLE="1", PYTHONPATH=str(root))
     if warm_temp is None:
         env["FEDRAY_NO_WARM"] = "1"

@@ -48,7 +48,6 @@ def main(argv=None):
                     help="join the Ray of `fedray up` when one runs (as `fedray run` does); default: a cold local Ray")
     ap.add_argument("--fold-group", type=int, default=None, metavar="G", help="engine.fold_group=G")
     args = ap.parse_args(argv)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from fedray.config import from_dict
     from fedray.engine.launch import early_start
 
