@@ -124,13 +124,20 @@ class MlflowTracker:
                     f"({str(e).splitlines()[0]}); starting a new MLflow run with every recorded round")
         exp = self.client.get_experiment_by_name(self.spec.experiment)
         if exp is None:
-            where = (self.run_dir / "mlflow" / "artifacts").as_uri() if self.default_store else None
-            exp_id = self.client.create_experiment(self.spec.experiment, artifact_location=where)
+            exp_id = self.client.create_experiment(self.spec.experiment, artifact_location=self._artifact_root())
         else:
             exp_id = exp.experiment_id
         self.run_id = self.client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
         self._log_params(flat_params(config))
         return {"run_id": self.run_id, "tracking_uri": self.uri, "experiment_id": exp_id, "new": True}
+
+    def _artifact_root(self) -> str | None:
+        """Where a new experiment keeps its artifacts: beside a local SQLite store (for the default store,
+        ``<run dir>/mlflow/artifacts``). MLflow's own default for such a store, ``./mlruns`` of the current
+        directory, would scatter artifacts wherever fedray was started. None for a tracking server (it decides)."""
+        if self.uri.startswith("sqlite:///"):
+            return (Path(self.uri[len("sqlite:///"):]).resolve().parent / "artifacts").as_uri()
+        return None
 
     def _log_params(self, params: dict[str, str]) -> None:
         """Within MLflow's limits: 100 per call, names of its allowed characters, values cut at 6000

@@ -4,6 +4,8 @@ flat_params); a missing library refused before any work with the extra to instal
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import math
 import sys
 
@@ -94,6 +96,10 @@ def test_mlflow_run_holds_params_metrics_tags_artifacts_and_status(mlflow_store,
     assert run.data.metrics["final/accuracy"] == 0.1
     assert run.data.tags["config_hash"] == "abc" and run.data.tags["status"] == "finished"
     assert [a.path for a in c.list_artifacts(st["run_id"])] == ["run.json"]  # summary.json absent: skipped
+    # artifacts beside the SQLite store, never in MLflow's default ./mlruns of the current directory
+    store_dir = Path(mlflow_store[len("sqlite:///"):]).parent
+    assert run.info.artifact_uri.startswith((store_dir / "artifacts").as_uri())
+    assert list((store_dir / "artifacts").rglob("run.json")) and not list(Path("mlruns").glob(f"*/{st['run_id']}"))
 
 
 def test_mlflow_resume_continues_the_same_run_or_starts_anew_when_it_is_gone(mlflow_store, tmp_path):
