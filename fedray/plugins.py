@@ -7,6 +7,7 @@ from fedray.config import ConfigError, ExperimentConfig
 from fedray.data.loader import Augment
 from fedray.data.sources import SOURCES
 from fedray.data.table import DataError
+from fedray.engine.programs.fold_group import check_fold_group
 from fedray.models import MODELS, model_for_meta
 from fedray.reporting.trackers import check_trackers
 
@@ -14,11 +15,13 @@ __all__ = ["check_model", "check_output_root", "check_registries"]
 
 
 def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
-    """Algorithm and server optimizer (built, so their parameters are checked), model name and options,
+    """Algorithm and server optimizer (built, so their parameters are checked; ``engine.fold_group`` against
+    the algorithm), model name and options,
     data source, the libraries of the trackers it turns on (``output.mlflow`` / ``output.wandb``): a
     ConfigError naming the field (prefixed with ``where``, e.g. a study's file, if given)."""
     try:
-        build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
+        algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
+        check_fold_group(cfg, algorithm)  # partial sums on the workers: refused for incompatible algorithms
         build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
         if cfg.model.name not in MODELS:
             raise ConfigError(f"model.name: unknown model {cfg.model.name!r} (known: {', '.join(sorted(MODELS))})")

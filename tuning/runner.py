@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedray.config import ConfigError, ExperimentConfig, from_dict
-from fedray.core.io import exclusive_lock
+from fedray.core.io import LockHeld, exclusive_lock
+from fedray.reporting.seeds import dotted_get
 from tuning.study import DERIVED_METRICS, StudySpec
 
 DEFAULT_OUTPUT_DIR = "runs/studies"
@@ -80,15 +81,6 @@ class StudyAborted(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------------- metrics
-def _lookup(report: dict, key: str):
-    node = report
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 class MetricTracker:
     """Computes the objective values from the per-round metric rows of one run."""
 
@@ -119,7 +111,7 @@ class MetricTracker:
             return float(sum(tail) / len(tail))
         if metric == "bytes_total":
             return float(self.bytes_total)
-        v = _lookup(report, metric)
+        v = dotted_get(report, metric)
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -334,12 +326,11 @@ class StudyRunner:
     def _driver_lock(self):
         """One driver per study: ``driver.lock`` in the study directory (fedray.core.io.exclusive_lock)."""
         holder = f"pid {os.getpid()} on {socket.gethostname()}, session {self.session_id}"
-        with contextlib.ExitStack() as stack:
-            try:
-                stack.enter_context(exclusive_lock(self.study_dir / "driver.lock", holder, f"study {self.spec.name!r}"))
-            except RuntimeError as e:  # another live driver holds it
-                raise ConfigError(str(e)) from None
-            yield
+        try:
+            with exclusive_lock(self.study_dir / "driver.lock", holder, f"study {self.spec.name!r}"):
+                yield
+        except LockHeld as e:  # another live driver holds it
+            raise ConfigError(str(e)) from None
 
     # ------------------------------------------------------------------------------ trial configs
     def _resources(self, cfg0: ExperimentConfig) -> tuple[int, dict]:

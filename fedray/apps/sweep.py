@@ -37,7 +37,7 @@ from pathlib import Path
 from fedray.apps.slices import apply_slice, plan_slices
 from fedray.apps.sweep_spec import SweepSpec, TableSpec, load_sweep
 from fedray.config import ConfigError, from_dict
-from fedray.core.io import atomic_write_text, atomic_writer, exclusive_lock
+from fedray.core.io import LockHeld, atomic_write_text, atomic_writer, exclusive_lock
 from fedray.reporting.rundir import RunDir
 
 RECORD = "sweep.json"
@@ -245,8 +245,8 @@ def _prepare(spec: SweepSpec, log) -> None:
 
 
 class _Runner:
-    def __init__(self, spec: SweepSpec, slices: dict, log):
-        self.spec, self.slices, self.log = spec, slices, log
+    def __init__(self, spec: SweepSpec, slices: dict):
+        self.spec, self.slices = spec, slices
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.rows: list[dict] = []
@@ -257,18 +257,19 @@ class _Runner:
             raise ConfigError(f"{KILL_ENV}={kill!r}: expected POINT:ROUND (a testing aid)") from None
         (spec.output_dir / "logs").mkdir(parents=True, exist_ok=True)
 
-    def plan(self, i: int, resume: bool) -> tuple[str, dict]:
+    def plan(self, i: int, resume: bool) -> tuple[str, dict, int | None]:
         """What point ``i`` needs: ``keep`` (finished), ``resume`` (from its checkpoint) or ``run`` (from round
-        1), with the run_experiment keywords."""
+        1), with the run_experiment keywords and the checkpoint round it resumes from."""
         p = self.spec.points[i]
         rd = RunDir(p.run_dir)
         status = _run_status(rd) if resume else None
         if status == "finished":
-            return "keep", {}
-        if status in ("running", "interrupted", "stopped") and rd.latest_checkpoint() is not None:
-            return "resume", {"resume": p.run_dir}
+            return "keep", {}, None
+        ck = rd.latest_checkpoint() if status in ("running", "interrupted", "stopped") else None
+        if ck is not None:
+            return "resume", {"resume": p.run_dir}, RunDir.checkpoint_round(ck)
         cfg = from_dict(apply_slice(json.loads(json.dumps(p.config)), self.slices))
-        return "run", {"cfg": cfg, "overwrite": status is not None}
+        return "run", {"cfg": cfg, "overwrite": status is not None}, None
 
     def update(self, i: int, row: dict) -> None:
         """Row ``i`` of sweep.parquet, rewritten atomically (from any thread)."""
@@ -276,15 +277,15 @@ class _Runner:
             self.rows[i] = row
             write_parquet(self.spec, self.rows, self.spec.output_dir / "sweep.parquet")
 
-    def run_point(self, i: int, kw: dict) -> dict:
-        """Run point ``i``; its row is in sweep.parquet (status running, then its end) before this thread takes
-        the next point."""
+    def run_point(self, i: int, kw: dict, start: int | None) -> dict:
+        """Run point ``i`` (resuming from checkpoint round ``start``, or None); its row is in sweep.parquet
+        (status running, then its end) before this thread takes the next point."""
         self.update(i, {**self.rows[i], "status": "running"})
-        row = self._run(i, kw)
+        row = self._run(i, kw, start)
         self.update(i, row)
         return row
 
-    def _run(self, i: int, kw: dict) -> dict:
+    def _run(self, i: int, kw: dict, start: int | None) -> dict:
         from fedray.engine.runner import run_experiment
 
         path = self.spec.output_dir / "logs" / f"p{i:03d}.log"
@@ -298,10 +299,6 @@ class _Runner:
                 os.kill(os.getpid(), signal.SIGKILL)
             return self.stop.is_set()
 
-        start = None
-        if "resume" in kw:
-            ck = RunDir(kw["resume"]).latest_checkpoint()
-            start = RunDir.checkpoint_round(ck) if ck else None
         t0 = time.perf_counter()
         try:
             res = run_experiment(progress=False, log=plog, on_round=on_round, **kw)
@@ -335,10 +332,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, log=print) -> SweepResul
     try:
         with exclusive_lock(out / "sweep.lock", holder, f"sweep {out}"):
             return _run_locked(spec, resume, cap, slices, log)
-    except RuntimeError as e:
-        if "another driver" in str(e):
-            raise ConfigError(str(e)) from None
-        raise
+    except LockHeld as e:
+        raise ConfigError(str(e)) from None
 
 
 def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> SweepResult:
@@ -347,16 +342,14 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
     out = spec.output_dir
     _prepare(spec, log)
     atomic_write_text(out / RECORD, json.dumps(_record(spec, slices), indent=1, default=str) + "\n")
-    runner = _Runner(spec, slices, log)
+    runner = _Runner(spec, slices)
     rows = runner.rows
-    rows.extend(point_row(spec, p.index, "pending") for p in spec.points)
     todo = []
     for p in spec.points:
-        what, kw = runner.plan(p.index, resume)
-        if what == "keep":
-            rows[p.index] = point_row(spec, p.index, "finished")
-        else:
-            todo.append((p.index, what, kw))
+        what, kw, start = runner.plan(p.index, resume)
+        rows.append(point_row(spec, p.index, "finished" if what == "keep" else "pending"))
+        if what != "keep":
+            todo.append((p.index, what, kw, start))
     kept = len(spec.points) - len(todo)
     log(f"[sweep] {spec.name}: {len(spec.points)} points ({kept} finished earlier, kept), {cap} at a time, "
         f"{slices['workers']} worker(s) each -> {out}")
@@ -382,8 +375,8 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
     try:
         with cf.ThreadPoolExecutor(max_workers=cap, thread_name_prefix="fedray-point") as pool:
             running = {}
-            for i, what, kw in todo:
-                running[pool.submit(runner.run_point, i, kw)] = i
+            for i, _what, kw, start in todo:
+                running[pool.submit(runner.run_point, i, kw, start)] = i
             try:
                 while running:
                     finished, _ = cf.wait(list(running), return_when=cf.FIRST_COMPLETED)

@@ -80,10 +80,6 @@ class SweepSpec:
     description: str = ""
     source_path: str | None = None
 
-    @property
-    def runs_root(self) -> Path:
-        return self.output_dir / "runs"
-
 
 def _short(v: Any) -> str:
     text = repr(v) if isinstance(v, str) and (not v or v.strip() != v) else str(v)

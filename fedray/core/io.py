@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-__all__ = ["atomic_writer", "atomic_write_bytes", "atomic_write_text", "exclusive_lock"]
+__all__ = ["LockHeld", "atomic_writer", "atomic_write_bytes", "atomic_write_text", "exclusive_lock"]
 
 
 @contextmanager
@@ -48,10 +48,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+class LockHeld(RuntimeError):
+    """Another live process holds an :func:`exclusive_lock`."""
+
+
 @contextmanager
 def exclusive_lock(path: str | Path, holder: str, what: str) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created) for the block, writing ``holder`` into it; a second
-    holder on this host gets ``RuntimeError`` naming the first. The OS releases the lock when its process
+    holder on this host gets :class:`LockHeld` naming the first. The OS releases the lock when its process
     dies, so a driver that finds it free knows that no other driver of ``what`` is alive."""
     import fcntl
 
@@ -64,7 +68,7 @@ def exclusive_lock(path: str | Path, holder: str, what: str) -> Iterator[None]:
         f.seek(0)
         first = f.read().strip()
         f.close()
-        raise RuntimeError(f"{what}: another driver is running it ({first or 'unknown'}; lock {path})") from None
+        raise LockHeld(f"{what}: another driver is running it ({first or 'unknown'}; lock {path})") from None
     try:
         f.seek(0)
         f.truncate()

@@ -90,19 +90,24 @@ def rounds_to_target(rows: list[dict], target: float) -> float:
                 math.nan)
 
 
-def _lookup(row: dict, key: str):
+def dotted_get(row: dict, key: str):
+    """``row["a"]["b"]`` for ``key`` ``a.b`` (a metrics row, a round report); None when a part is missing."""
     v = row
     for part in key.split("."):
         if not isinstance(v, dict) or part not in v:
             return None
         v = v[part]
+    return v
+
+
+def _number(v):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def reduce_rounds(rows: list[dict], key: str, how: str) -> float:
     """``how`` (one of :data:`REDUCTIONS`) of the dotted per-round ``key`` over the rounds that have it; NaN
     when none does."""
-    vals = [float(v) for r in rows if (v := _lookup(r, key)) is not None]
+    vals = [float(v) for r in rows if (v := _number(dotted_get(r, key))) is not None]
     if not vals:
         return math.nan
     if how == "last5":
