@@ -23,12 +23,10 @@ import numpy as np
 
 from fedray.config import ConfigError, ExperimentConfig, config_hash, dump_config, load_config
 from fedray.core.io import atomic_write_bytes, atomic_write_text
-from fedray.core.ray_env import ensure_ray
 from fedray.data.sources import load_source
 from fedray.data.store import build_partition
 from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard, Trackers
 from fedray.engine.client.grouped import check_multi_client
-from fedray.engine.programs.fold_group import check_fold_group
 from fedray.engine.coordinator import Coordinator
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.faults import FaultInjector
@@ -142,7 +140,6 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
     check_registries(cfg)
-    check_fold_group(cfg)  # partial sums on the workers: refused for incompatible algorithms before any work
     check_output_root(cfg)
     bundle, store = prepare_data(cfg, log)
     check_model(cfg, store.meta)
@@ -189,10 +186,7 @@ class Engine:
             import ray
 
             self.ray = ray
-            actors = early.result() if early is not None else None
-            if actors is None:
-                ensure_ray(cfg.engine.object_store_memory, address=cfg.engine.ray_address)
-            self._start(actors)
+            self._start(early.result())
         else:
             n, wcpu, wgpu = default_num_workers(cfg, int(cfg.train.clients_per_round))
             self.coord = Coordinator(self.cfg_dict, str(run.store.path), str(run.rd.path), self.test, n, wcpu, wgpu,
@@ -211,10 +205,21 @@ class Engine:
                         *[w.setup.remote(spec) for w in self.workers]]
 
     def ready(self) -> dict:
-        """The coordinator's ``ready`` (workers, parameters) once it and every client worker are set up."""
+        """The coordinator's ``ready`` (workers, parameters) once it and every client worker are set up. An actor
+        that dies while they start (its node was lost, or is being lost while Ray still places actors on it)
+        raises :class:`CoordinatorLost`: a restart starts them again, within ``engine.max_coordinator_restarts``."""
         if self._setups:
-            self._get(self._setups[0])  # the coordinator's own errors first (it also waits for its workers)
-            self.ray.get(self._setups[1:])
+            from ray import exceptions as rex
+
+            try:
+                self._get(self._setups[0])  # the coordinator's own errors first (it also waits for its workers)
+                self.ray.get(self._setups[1:])
+            except rex.RayTaskError as e:  # the coordinator's setup found one of its new workers dead
+                if not isinstance(getattr(e, "cause", None), rex.RayActorError):
+                    raise
+                raise CoordinatorLost(f"a client worker died while the coordinator started: {_reason(e)}") from e
+            except rex.RayActorError as e:
+                raise CoordinatorLost(f"an actor died while starting: {_reason(e)}") from e
             self._setups = []
         return self.call("ready")
 

@@ -1,0 +1,84 @@
+"""fedray.engine.runner: which Ray errors mean "the coordinator (or an actor it was starting with) is lost"
+and the restart loop's bound, on fake Ray handles (whole runs losing nodes are in tests/integration/)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from ray import exceptions as rex
+
+from fedray.engine.dispatch import RunAborted
+from fedray.engine.runner import CoordinatorLost, Engine, RoundLoop, RunResult
+
+
+class _FakeRay:
+    """``get`` returns each ref's value or raises it."""
+
+    def get(self, ref):
+        values = [self.get(r) for r in ref] if isinstance(ref, list) else None
+        if values is not None:
+            return values
+        if isinstance(ref, BaseException):
+            raise ref
+        return ref
+
+
+def _engine(coord_setup, *worker_setups) -> Engine:
+    e = Engine.__new__(Engine)
+    e.ray = _FakeRay()
+    e._setups = [coord_setup, *worker_setups]
+    e.in_flight = {}
+    e.call = lambda method, *a: {"workers": len(worker_setups)}
+    return e
+
+
+def _task_error(cause: BaseException):
+    return rex.RayTaskError("setup", "traceback", cause).as_instanceof_cause()
+
+
+def test_ready_when_every_actor_started():
+    e = _engine(True, True, True)
+    assert e.ready() == {"workers": 2} and e._setups == []
+
+
+@pytest.mark.parametrize("coord, worker, says", [
+    # a new worker on a node being lost: the driver sees it die ...
+    (True, rex.ActorDiedError(), "an actor died while starting: ActorDiedError"),
+    (True, rex.ActorUnavailableError("Socket closed", b"a" * 16), "an actor died while starting: ActorUnavailable"),
+    # ... or the coordinator's setup, waiting for its workers, does
+    (_task_error(rex.ActorDiedError()), True, "a client worker died while the coordinator started: ActorDiedError"),
+    # the new coordinator itself
+    (rex.ActorDiedError(), True, "ActorDiedError"),
+])
+def test_an_actor_dying_while_starting_is_a_lost_coordinator(coord, worker, says):
+    with pytest.raises(CoordinatorLost, match=says):
+        _engine(coord, worker).ready()
+
+
+def test_an_error_in_the_coordinators_setup_is_not_a_lost_coordinator():
+    """A bug or bad input raised inside setup must fail the run, not be retried as a lost actor."""
+    with pytest.raises(rex.RayTaskError) as err:
+        _engine(_task_error(ValueError("bad partition")), True).ready()
+    assert not isinstance(err.value, CoordinatorLost) and str(err.value.cause) == "bad partition"
+
+
+def test_restarts_that_keep_failing_end_at_the_limit(tmp_path):
+    """Every restart loses an actor while starting: the loop tries ``max_coordinator_restarts`` times, then
+    fails the run naming the limit and the last reason."""
+    tries = []
+
+    class Lossy:
+        restarts = 0
+
+        def restart(self):
+            self.restarts += 1
+            tries.append(self.restarts)
+            raise CoordinatorLost(f"an actor died while starting: try {self.restarts}")
+
+    run = SimpleNamespace(cfg=SimpleNamespace(engine=SimpleNamespace(max_coordinator_restarts=3)))
+    loop = RoundLoop(run, Lossy(), [], RunResult(tmp_path), log=lambda *a: None)
+    with pytest.raises(RunAborted, match=r"round 2: the coordinator died after 3 restart\(s\) "
+                                         r"\(engine.max_coordinator_restarts=3\): an actor died while starting: try 3"):
+        loop._restart(2, CoordinatorLost("node lost"))
+    assert tries == [1, 2, 3]
