@@ -242,8 +242,8 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps(raw, indent=1))
     print()
     hdr = (f"{'workload':8s} {'impl':16s} {'wall s':>7s} {'start s':>7s} {'rounds s':>8s} {'r1 s':>6s} "
-           f"{'r2..R s':>7s} {'PSS GB':>6s} {'acc':>6s} {'hash':>16s} {'rounds/best floor':>17s} "
-           f"{'start/floor-1t':>14s}")
+           f"{'r2..R s':>7s} {'exit s':>6s} {'PSS GB':>6s} {'acc':>6s} {'hash':>16s} {'rounds/best floor':>17s} "
+           f"{'start/floor-1t':>14s} {'wall/floor-2t':>13s}")
     print(hdr)
     print("-" * len(hdr))
     for w in args.workloads:
@@ -251,16 +251,19 @@ def main(argv=None):
         med = {n: statistics.median(r["rounds_s"] for r in rs) for n, rs in rows.items()}
         best_floor = min(v for n, v in med.items() if n.startswith("floor"))
         floor_start = statistics.median(r["startup_s"] for r in rows["floor-1t"])
+        floor2_wall = statistics.median(r.get("wall_s", float("nan")) for r in rows.get("floor-2t", rows["floor-1t"]))
         for n, rs in rows.items():
             r0 = rs[0]
             wall = statistics.median(r.get("wall_s", float("nan")) for r in rs)
             start = statistics.median(r["startup_s"] for r in rs)
             r1 = statistics.median(r["round_s"][0] for r in rs)
             steady = statistics.median(statistics.mean(r["round_s"][1:]) for r in rs)
+            # after the script's own last line: interpreter exit (a local Ray's shutdown included)
+            exit_s = statistics.median(r.get("wall_s", float("nan")) - r["total_s"] for r in rs)
             pss = max(r["tree_peak_pss_gb"] for r in rs)
-            print(f"{w:8s} {n:16s} {wall:7.1f} {start:7.2f} {med[n]:8.2f} {r1:6.2f} {steady:7.3f} {pss:6.2f} "
-                  f"{r0['accuracy']:6.3f} {r0['weights_hash']:>16s} {med[n] / best_floor:17.2f} "
-                  f"{start / floor_start:14.2f}")
+            print(f"{w:8s} {n:16s} {wall:7.1f} {start:7.2f} {med[n]:8.2f} {r1:6.2f} {steady:7.3f} {exit_s:6.2f} "
+                  f"{pss:6.2f} {r0['accuracy']:6.3f} {r0['weights_hash']:>16s} {med[n] / best_floor:17.2f} "
+                  f"{start / floor_start:14.2f} {wall / floor2_wall:13.2f}")
         hashes = {n: {r["weights_hash"] for r in rs} for n, rs in rows.items()}
         same = len({h for hs in hashes.values() for h in hs}) == 1
         print(f"{w}: final weights identical across implementations (1-thread floor vs fedray): "
