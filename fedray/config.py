@@ -154,7 +154,7 @@ class EngineConfig:
     # largest fraction of a round's sampled clients that may be dropped (failed past their retries) before the
     # run fails; 0 = strict: any dropped client fails the run. A round with no client left always fails.
     max_dropped_fraction: float = 0.0
-    reorder_window: int | None = None  # results held for the ordered fold; default 2 * workers * chunk
+    reorder_window: int | None = None  # results held for the ordered fold; default 2*workers*chunk or the 256 MB budget
     chunk_size: int | None = None  # clients per worker task; default chosen from clients per round
     over_selection: float = 0.0  # straggler handling: sample ceil((1+x)K) clients, keep the first K done
     round_deadline_s: float | None = None  # straggler handling: aggregate what finished by the deadline

@@ -112,6 +112,7 @@ class Task:
     worker: int | None = None  # pinned to this worker (split: it holds these clients' state)
     replay: bool = False  # a resubmission after a failure (split: rebuild and replay the round so far)
     group: bool = False  # one partial sum for all items (engine.fold_group): a failure re-runs the group
+    cost: float = 0.0  # estimated work (e.g. the clients' samples): of the tasks ready to start, the largest first
 
     @property
     def first(self) -> int:
@@ -141,7 +142,8 @@ class TaskScheduler:
         self._replay_due: set[int] = set()  # pinned slots whose clients' state was lost (split)
         self._pinned: set[int] = set()  # every slot a task was pinned to in this round
         self.receive_seconds = 0.0  # time spent fetching task results (Ray: from the object store)
-        self._queue: list = []  # heap of (first position, sequence, task)
+        self._queue: list = []  # heap of (first position, sequence, task): not yet admitted by ``may_start``
+        self._ready: list = []  # heap of (-cost, first position, sequence, task): admitted, waiting for a worker
         self._seq = itertools.count()
         self._inflight: dict = {}  # handle -> (worker, task)
         self._refill()
@@ -164,13 +166,13 @@ class TaskScheduler:
         self._label = label
         for t in tasks:
             self.push(t)
-        while self._queue or self._inflight:
+        while self._queue or self._ready or self._inflight:
             if stop is not None and stop():
                 return
             self._refill()
             self._start(call, may_start)
             timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
-            if self._queue and not self._inflight and not self._idle:  # no worker left
+            if (self._queue or self._ready) and not self._inflight and not self._idle:  # no worker left
                 if not self.pool.await_worker(self._may_restart(), timeout):
                     if deadline is not None and time.perf_counter() >= deadline:
                         return
@@ -200,11 +202,13 @@ class TaskScheduler:
 
     def cancel_rest(self) -> int:
         """Cancel what is still queued or running; returns the number of clients not finished."""
-        n = sum(len(t.items) for _, t in self._inflight.values()) + sum(len(t.items) for _, _, t in self._queue)
+        n = sum(len(t.items) for _, t in self._inflight.values()) + \
+            sum(len(entry[-1].items) for entry in [*self._queue, *self._ready])
         if self._inflight:
             self.pool.cancel(list(self._inflight))
         self._inflight.clear()
         self._queue.clear()
+        self._ready.clear()
         return n
 
     def check_drops(self, sampled: int) -> None:
@@ -252,16 +256,21 @@ class TaskScheduler:
         return w if w in live else None
 
     def _start(self, call, may_start) -> None:
+        """Admit queued tasks in sampled order while ``may_start`` lets them (it only ever admits more: the
+        fold moves on), then give idle workers the admitted tasks, the largest ``cost`` first (longest tasks
+        first keeps the round's last worker from finishing long after the others; the fold's order, hence
+        the result, does not depend on it)."""
+        while self._queue and (may_start is None or may_start(self._queue[0][2])):
+            first, seq, task = heapq.heappop(self._queue)
+            heapq.heappush(self._ready, (-float(task.cost), first, seq, task))
         held = []
-        while self._idle and self._queue:
-            first, seq, task = self._queue[0]
-            if may_start is not None and not may_start(task):
-                break
-            heapq.heappop(self._queue)
+        while self._idle and self._ready:
+            entry = heapq.heappop(self._ready)
+            task = entry[-1]
             if task.worker is not None:
                 widx = self._owner(task.worker)
                 if widx is None or widx not in self._idle:
-                    held.append((first, seq, task))
+                    held.append(entry)
                     continue
                 self._idle.remove(widx)
                 self._pinned.add(task.worker)
@@ -272,7 +281,7 @@ class TaskScheduler:
                 widx = self._idle.pop()
             self._inflight[call(widx, task)] = (widx, task)
         for entry in held:
-            heapq.heappush(self._queue, entry)
+            heapq.heappush(self._ready, entry)
 
     def _fatal(self, out) -> None:
         if out.fatal:

@@ -170,6 +170,32 @@ def test_reorder_window_holds_the_queue_back():
     assert started == [0, 1, 2, 3] and max(ahead) == 1  # four idle workers, yet one task ahead at most
 
 
+def test_the_largest_admitted_task_starts_first():
+    """Longest first: with every task admitted, idle workers take them by decreasing cost (ties: sampled
+    order); the outcomes still reach the program, whatever the order, with their sampled positions."""
+    pool = FakePool(size=2)
+    costs = [5, 40, 5, 90, 12]
+    tasks = [Task(((p, 10 + p),), cost=c) for p, c in enumerate(costs)]
+    got = []
+    TaskScheduler(pool, FailurePolicy(1, 5), rnd=1).run(tasks, lambda widx, task: pool.submit(widx, task.items),
+                                                       got.append)
+    assert [items[0][0] for _, items, _ in pool.submitted] == [3, 1, 4, 0, 2]
+    assert sorted(o.pos for o in got) == [0, 1, 2, 3, 4]
+
+
+def test_longest_first_never_reaches_past_the_reorder_window():
+    """The window admits tasks in sampled order; the largest task outside it waits (it does not block the
+    admitted ones), and it starts first once the fold lets it in."""
+    pool = FakePool(size=1)
+    done = []
+    costs = [1, 2, 3, 100, 4]
+    tasks = [Task(((p, 10 + p),), cost=c) for p, c in enumerate(costs)]
+    TaskScheduler(pool, FailurePolicy(1, 5), rnd=1).run(
+        tasks, lambda widx, task: pool.submit(widx, task.items), done.append,
+        may_start=lambda task: task.first < min({0, 1, 2, 3, 4, 5} - {o.pos for o in done}) + 2)  # fold.next + 2
+    assert [items[0][0] for _, items, _ in pool.submitted] == [1, 0, 3, 2, 4]
+
+
 def test_too_many_worker_losses_abort_the_run():
     pool = FakePool(behaviour=lambda widx, items, attempt: "lost")
     with pytest.raises(RunAborted, match=r"round 7: more than engine.max_worker_restarts=2"):

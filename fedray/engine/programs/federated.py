@@ -36,6 +36,17 @@ class FederatedProgram:
         self.sizes = sizes
         self.num_params = int(num_params)
 
+    def held_updates(self) -> int:
+        """How many client updates fit the coordinator's default budget for updates held at once (256 MB)."""
+        return max(1, _HELD_UPDATES_BYTES // max(1, 4 * self.num_params))
+
+    def reorder_window(self, unit: int) -> int:
+        """Default dispatch window, in tasks of ``unit`` updates each: twice the workers' tasks, widened to
+        what the held-updates budget allows beside the tasks returning, so that the longest-first order
+        (:meth:`~fedray.engine.dispatch.TaskScheduler.run`) sees a whole round of a small model."""
+        workers = max(1, self.pool.size)
+        return max(2 * workers, self.held_updates() // max(1, unit) - workers)
+
     def chunk_size(self, k: int) -> int:
         """Clients per task: ``engine.chunk_size``, or about 4 tasks per worker and round, capped so that
         the updates held at once (reorder window ~ 2 x workers x chunk, plus the tasks returning) stay
@@ -44,7 +55,7 @@ class FederatedProgram:
         if e.chunk_size:
             chunk = int(e.chunk_size)
         else:
-            held = max(1, _HELD_UPDATES_BYTES // max(1, 4 * self.num_params))
+            held = self.held_updates()
             workers = max(1, self.pool.size)
             cap = max(1, held // (3 * workers))
             chunk = max(1, min(int(math.ceil(k / (4 * workers))), cap))
@@ -107,7 +118,7 @@ class FederatedProgram:
         target = min(len(sampled), int(self.cfg.train.clients_per_round))
         k = len(sampled)
         chunk = self.chunk_size(k)
-        window = int(e.reorder_window or max(2 * max(1, self.pool.size) * chunk, chunk + 1))
+        window = int(e.reorder_window or max(self.reorder_window(chunk) * chunk, chunk + 1))
         client_w = [self.algorithm.client_weight(int(self.sizes[c])) for c in sampled]
         fold, tally = OrderedFold(client_w), ClientTally()
         timing = {"fold": 0.0}
@@ -131,7 +142,10 @@ class FederatedProgram:
                 folded(fold.skip(pos))
 
         sched = TaskScheduler(self.pool, FailurePolicy.from_engine(e), rnd, faults=self.faults)
-        tasks = [Task(tuple((p, sampled[p]) for p in range(i, min(i + chunk, k)))) for i in range(0, k, chunk)]
+        # longest first, except when the first to finish are kept (stragglers): then in sampled order
+        cost = (lambda ps: 0.0) if collect_all else (lambda ps: float(sum(int(self.sizes[sampled[p]]) for p in ps)))
+        tasks = [Task(tuple((p, sampled[p]) for p in ps), cost=cost(ps))
+                 for ps in (range(i, min(i + chunk, k)) for i in range(0, k, chunk))]
         deadline = time.perf_counter() + e.round_deadline_s if e.round_deadline_s is not None else None
         sched.run(tasks, lambda widx, task: self.pool.submit(widx, "run_clients", rnd, w_ref, p_ref, list(task.items),
                                                               hints),

@@ -65,7 +65,7 @@ def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dic
     groups = [range(i, min(i + g, k)) for i in range(0, k, g)]
     fold = OrderedFold([sum(client_w[p] for p in grp) for grp in groups], total=clients.total, scaled=True)
     alive = [len(grp) for grp in groups]
-    window = max(1, math.ceil(int(e.reorder_window) / g)) if e.reorder_window else 2 * prog.pool.size
+    window = max(1, math.ceil(int(e.reorder_window) / g)) if e.reorder_window else prog.reorder_window(1)
     tally, timing = ClientTally(), {"fold": 0.0, "uploads": 0}
 
     def folded(pairs) -> None:
@@ -90,7 +90,8 @@ def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dic
             folded(fold.skip(gi))
 
     sched = TaskScheduler(prog.pool, FailurePolicy.from_engine(e), rnd, faults=prog.faults)
-    tasks = [Task(tuple((p, sampled[p], clients.coefficient(p)) for p in grp), group=True) for grp in groups]
+    tasks = [Task(tuple((p, sampled[p], clients.coefficient(p)) for p in grp), group=True,
+                  cost=float(sum(int(prog.sizes[sampled[p]]) for p in grp))) for grp in groups]
     sched.run(tasks, lambda widx, task: prog.pool.submit(widx, "run_group", rnd, w_ref, p_ref, list(task.items), hints),
               on_outcome, on_drop=on_drop, may_start=lambda task: task.first // g < fold.next + window)
     sched.check_drops(k)
