@@ -10,17 +10,21 @@ A *scale file* names a base experiment and the axes to sweep; every point of the
     rounds: 3                          # rounds per point (train.rounds); round 1 is reported apart (warm-up)
     output: scale-out/scale_small      # where the table and plots go (relative to the working directory)
     ray: {num_cpus: 4}                 # ray.init arguments when fedray starts a local Ray (optional)
-    defaults: {population: 1000, clients_per_round: 50, num_workers: 2, multi_client: 1}
+    defaults: {population: 1000, clients_per_round: 50, num_workers: 2, multi_client: 1, fold_group: 1}
     sweeps:                            # each entry: a grid over its axes, the others at `defaults`
       - {clients_per_round: [10, 100, 1000], multi_client: [1, 16]}
+      - {clients_per_round: [1000], fold_group: [1, 10]}
       - {population: [100, 10000, 100000]}
       - {num_workers: [1, 2, 4]}
 
 ``sweep: {...}`` (one grid) may be given instead of ``sweeps``. Axes: ``population`` (number of clients:
 ``data.partition.num_clients``, and the ``synthetic`` source's ``num_clients``), ``clients_per_round``
-(``train.clients_per_round``), ``num_workers`` (``engine.num_workers``) and ``multi_client``
-(``engine.multi_client``). Points are de-duplicated; a point with more clients per round than clients is
-recorded as skipped. Workers that do not fit the Ray cluster's CPUs get ``worker_num_cpus`` lowered so
+(``train.clients_per_round``), ``num_workers`` (``engine.num_workers``), ``multi_client``
+(``engine.multi_client``) and ``fold_group`` (``engine.fold_group``: partial sums of that many clients on
+the workers; ``upload_mb`` shows the traffic to the coordinator falling by that factor). Points are
+de-duplicated; a point with more clients per round than clients, or a ``fold_group`` that is not a
+multiple of its ``multi_client``, is recorded as skipped. A ``fold_group`` above 1 for an algorithm that
+cannot fold partial sums is refused when the scale file is read. Workers that do not fit the Ray cluster's CPUs get ``worker_num_cpus`` lowered so
 they do (recorded per point): on a small machine a worker sweep then measures over-subscription.
 
 Outputs in the output directory: ``scaling.parquet`` (columns in :data:`COLUMNS`), ``scaling.csv``,
@@ -54,7 +58,7 @@ from fedray.core.ray_env import ensure_ray
 from fedray.reporting.progress import ProgressBar
 from fedray.reporting.trackers import check_trackers
 
-_AXIS_DEFAULTS = {"population": None, "clients_per_round": None, "num_workers": 2, "multi_client": 1}
+_AXIS_DEFAULTS = {"population": None, "clients_per_round": None, "num_workers": 2, "multi_client": 1, "fold_group": 1}
 _SCALE_KEYS = {"name", "base", "experiment", "overrides", "rounds", "output", "ray", "defaults", "sweep", "sweeps"}
 
 #: The columns of ``scaling.parquet``, in order, with their meaning (also rendered in docs/scaling.md).
@@ -64,6 +68,7 @@ COLUMNS: dict[str, str] = {
     "clients_per_round": "clients sampled per round (train.clients_per_round)",
     "num_workers": "client workers (engine.num_workers)",
     "multi_client": "clients trained at once per worker (engine.multi_client)",
+    "fold_group": "clients folded into one partial sum on a worker (engine.fold_group)",
     "worker_num_cpus": "CPUs reserved per worker (lowered when the workers would not fit the cluster)",
     "backend": "engine.backend (ray or local)",
     "source": "data.source",
@@ -83,6 +88,7 @@ COLUMNS: dict[str, str] = {
     "train_s": "mean seconds of dispatch + client training, minus the fold",
     "aggregate_s": "mean seconds of the ordered fold + server optimizer step",
     "eval_s": "mean seconds evaluating the global model",
+    "upload_mb": "mean MB of weight vectors the workers sent the coordinator per measured round",
     "overhead_s": "round_s minus the coordinator's own seconds (driver round trip, ledger write)",
     "startup_s": "seconds from the call to the first round (data, partition, engine start)",
     "total_s": "wall seconds of the whole point",
@@ -151,6 +157,7 @@ def load_scale(path: str | Path | None = None, *, data: dict | None = None, outp
     if not isinstance(out, (str, Path)):
         raise ConfigError(f"output: expected a directory path, got {out!r}")
     points = _sweep_points(data, _axis_defaults(data, cfg))
+    _check_fold_groups(cfg, points)
     return ScaleSpec(name=name, base=base, rounds=int(rounds), output=Path(out), ray=dict(ray_args), points=points,
                      source_path=str(Path(path).resolve()) if path is not None else None)
 
@@ -180,7 +187,7 @@ def _axis_defaults(data: dict, cfg) -> dict:
     experiment's (``cfg``)."""
     defaults = dict(_AXIS_DEFAULTS)
     defaults.update(population=int(cfg.data.partition.num_clients), clients_per_round=int(cfg.train.clients_per_round),
-                    multi_client=int(cfg.engine.multi_client))
+                    multi_client=int(cfg.engine.multi_client), fold_group=int(cfg.engine.fold_group))
     if cfg.engine.num_workers is not None:
         defaults["num_workers"] = int(cfg.engine.num_workers)
     given = data.get("defaults") or {}
@@ -221,6 +228,21 @@ def _sweep_points(data: dict, defaults: dict) -> list[dict]:
     return points
 
 
+def _check_fold_groups(cfg, points: list[dict]) -> None:
+    """A ``fold_group`` above 1 needs an algorithm that can fold partial sums: refused before any point runs."""
+    g = max((p["fold_group"] for p in points), default=1)
+    if g > 1:
+        from fedray.engine.programs.fold_group import check_fold_group
+
+        probe = copy.copy(cfg)
+        probe.engine = copy.copy(cfg.engine)
+        probe.engine.fold_group = g
+        try:
+            check_fold_group(probe)
+        except ConfigError as e:
+            raise ConfigError(f"fold_group: a point has fold_group {g}, but {e}") from None
+
+
 def _deep_merge(a: dict, b: dict) -> dict:
     out = copy.deepcopy(a)
     for k, v in b.items():
@@ -246,6 +268,7 @@ def point_config(spec: ScaleSpec, point: dict, cluster_cpus: float | None = None
     eng = cfg.setdefault("engine", {})
     eng["num_workers"] = int(point["num_workers"])
     eng["multi_client"] = int(point["multi_client"])
+    eng["fold_group"] = int(point["fold_group"])
     if cluster_cpus is not None and eng.get("backend", "ray") == "ray":
         per = float(eng.get("worker_num_cpus", 1.0))
         coord = float(eng.get("coordinator_num_cpus", 0.0))
@@ -256,7 +279,8 @@ def point_config(spec: ScaleSpec, point: dict, cluster_cpus: float | None = None
     out["root"] = str(spec.output / "runs")
     out["name"] = "p{:03d}-P{}-K{}-W{}-m{}".format(point.get("index", 0), point["population"],
                                                   point["clients_per_round"], point["num_workers"],
-                                                  point["multi_client"])
+                                                  point["multi_client"]) + \
+        (f"-g{point['fold_group']}" if point["fold_group"] > 1 else "")
     out["checkpoint_every"] = 0
     out["tensorboard"] = False
     out["progress"] = False
@@ -288,6 +312,7 @@ def summarize_point(point: dict, cfg: dict, res, seen: dict) -> dict:
         "samples_per_s": samples / busy if busy > 0 else math.nan,
         "round_s": _mean(wall),
         "round1_s": float(rounds[0].get("wall_seconds", math.nan)) if rounds else math.nan,
+        "upload_mb": _mean(float((r.get("bytes") or {}).get("upload", math.nan)) / 1e6 for r in measured),
         **{f"{k}_s": _mean(s.get(k) for s in secs) for k in ("sample", "broadcast", "train", "aggregate", "eval")},
         "overhead_s": _mean(w - float(r.get("seconds_total", math.nan)) for w, r in zip(wall, measured)),
         "startup_s": float(res.startup_seconds),
@@ -330,6 +355,9 @@ def run_point(spec: ScaleSpec, point: dict, cluster_cpus: float | None, log=prin
     if point["clients_per_round"] > point["population"]:
         row["status"] = f"skipped: {point['clients_per_round']} clients per round > population {point['population']}"
         return row
+    if point["fold_group"] > 1 and point["fold_group"] % point["multi_client"]:
+        row["status"] = f"skipped: fold_group {point['fold_group']} is not a multiple of multi_client {point['multi_client']}"
+        return row
     cfg = from_dict(cfg_dict)
     probe = ObjectStoreProbe()
     used0, spilled0 = probe.read()
@@ -367,11 +395,12 @@ def run_point(spec: ScaleSpec, point: dict, cluster_cpus: float | None, log=prin
 
 def add_speedups(rows: list[dict]) -> None:
     """``speedup_vs_fewest_workers`` for every ok row: its throughput over that of the ok row with the
-    same population, clients per round and multi_client and the fewest workers."""
+    same population, clients per round, multi_client and fold_group and the fewest workers."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("status") == "ok":
-            groups.setdefault((r["population"], r["clients_per_round"], r["multi_client"]), []).append(r)
+            groups.setdefault((r["population"], r["clients_per_round"], r["multi_client"], r.get("fold_group", 1)),
+                              []).append(r)
     for r in rows:
         r["speedup_vs_fewest_workers"] = math.nan
     for g in groups.values():
@@ -385,7 +414,7 @@ def to_table(rows: list[dict]):
     """A pyarrow Table with exactly :data:`COLUMNS` (missing values as null / NaN)."""
     import pyarrow as pa
 
-    ints = {"point", "population", "clients_per_round", "num_workers", "multi_client", "num_params", "rounds",
+    ints = {"point", "population", "clients_per_round", "num_workers", "multi_client", "fold_group", "num_params", "rounds",
             "client_updates", "samples"}
     strs = {"backend", "source", "model", "algorithm", "status", "weights_hash"}
     arrays = []
@@ -404,9 +433,10 @@ def to_table(rows: list[dict]):
 def format_rows(rows: list[dict]) -> str:
     """A Markdown table of the main columns."""
     cols = [("population", "P", "{:d}"), ("clients_per_round", "K", "{:d}"), ("num_workers", "W", "{:d}"),
-            ("multi_client", "m", "{:d}"), ("client_updates_per_s", "upd/s", "{:.1f}"),
+            ("multi_client", "m", "{:d}"), ("fold_group", "g", "{:d}"), ("client_updates_per_s", "upd/s", "{:.1f}"),
             ("samples_per_s", "samples/s", "{:.0f}"), ("round_s", "round s", "{:.3f}"), ("train_s", "train", "{:.3f}"),
-            ("aggregate_s", "aggr", "{:.3f}"), ("eval_s", "eval", "{:.3f}"), ("startup_s", "start s", "{:.1f}"),
+            ("aggregate_s", "aggr", "{:.3f}"), ("eval_s", "eval", "{:.3f}"), ("upload_mb", "upload MB", "{:.0f}"),
+            ("startup_s", "start s", "{:.1f}"),
             ("coordinator_peak_mb", "coord MB", "{:.0f}"), ("workers_peak_mb", "worker MB", "{:.0f}"),
             ("object_store_used_mb", "store MB", "{:.0f}"), ("speedup_vs_fewest_workers", "speed-up", "{:.2f}"),
             ("status", "status", "{}")]
@@ -428,7 +458,8 @@ def format_rows(rows: list[dict]) -> str:
 
 # ------------------------------------------------------------------------------------------- entry point
 def _point_key(row: dict) -> tuple:
-    return tuple(int(row[a]) for a in AXES)
+    """The axes' values of a point or a table row (a table written before the fold_group axis: 1)."""
+    return tuple(int(row.get(a) or 1) if a == "fold_group" else int(row[a]) for a in AXES)
 
 
 def _scale_record(spec: ScaleSpec) -> dict:
@@ -479,10 +510,11 @@ def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[di
             point = {**point, "index": i}
             prefix = (f"[scale] point {i + 1}/{len(spec.points)}: population {point['population']:,}, "
                       f"{point['clients_per_round']} clients/round, {point['num_workers']} workers, "
-                      f"multi_client {point['multi_client']}")
+                      f"multi_client {point['multi_client']}" +
+                      (f", fold_group {point['fold_group']}" if point["fold_group"] > 1 else ""))
             if _point_key(point) in done:
                 bar.write(prefix + " (measured earlier, kept)")
-                row = {**done[_point_key(point)], "point": i}
+                row = {"fold_group": point["fold_group"], **done[_point_key(point)], "point": i}
             else:
                 bar.write(prefix)
                 if not ray_checked:  # Ray is started only when a point has to run
@@ -514,7 +546,7 @@ def main_cli(config: str, output: str | None = None, dry_run: bool = False, log=
     if dry_run:
         for i, p in enumerate(spec.points):
             log(f"{i:3d}  population {p['population']:>7,}  clients/round {p['clients_per_round']:>5}  "
-                f"workers {p['num_workers']}  multi_client {p['multi_client']}")
+                f"workers {p['num_workers']}  multi_client {p['multi_client']}  fold_group {p['fold_group']}")
         log(f"{len(spec.points)} points x {spec.rounds} rounds -> {spec.output}")
         return 0
     rows, files = run_scale(spec, log=log, resume=resume)

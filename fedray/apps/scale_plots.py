@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 #: the swept axes of a scale sweep (fedray.apps.scale), in table order
-AXES = ("population", "clients_per_round", "num_workers", "multi_client")
+AXES = ("population", "clients_per_round", "num_workers", "multi_client", "fold_group")
 
 
 def _groups(rows: list[dict], axis: str) -> dict[tuple, list[dict]]:
@@ -25,7 +25,7 @@ def _groups(rows: list[dict], axis: str) -> dict[tuple, list[dict]]:
 
 
 def _label(key: tuple) -> str:
-    short = {"population": "P", "clients_per_round": "K", "num_workers": "W", "multi_client": "m"}
+    short = {"population": "P", "clients_per_round": "K", "num_workers": "W", "multi_client": "m", "fold_group": "g"}
     return " ".join(f"{short[a]}={v}" for a, v in key)
 
 

@@ -74,3 +74,42 @@ def test_scale_file_errors_name_the_field(tmp_path, partition_cache):
                        ({"colour": 1}, r"^colour"), ({"experiment": None, "base": "missing.yaml"}, r"^base")]:
         with pytest.raises(ConfigError, match=field):
             load_scale(data={"experiment": exp, **bad})
+
+
+def test_fold_group_axis_divides_the_upload(tmp_path, partition_cache):
+    """``fold_group`` is an axis: the workers send one partial sum per g clients, so ``upload_mb`` falls by g
+    exactly; a fold_group that is not a multiple of multi_client is skipped, with the reason."""
+    from fedray.apps.scale import load_scale, run_scale
+
+    spec = load_scale(data={
+        "name": "groups", "rounds": 2, "output": str(tmp_path / "out"),
+        "experiment": _synthetic_experiment(tmp_path, partition_cache),
+        "defaults": {"population": 60, "clients_per_round": 20, "num_workers": 2},
+        "sweeps": [{"fold_group": [1, 5]}, {"fold_group": [5], "multi_client": [2]}],
+    })
+    rows, _ = run_scale(spec, log=lambda *a: None)
+    by = {(r["fold_group"], r["multi_client"]): r for r in pq.read_table(tmp_path / "out" / "scaling.parquet").to_pylist()}
+    assert by[(1, 1)]["status"] == by[(5, 1)]["status"] == "ok"
+    per_update = by[(1, 1)]["num_params"] * 4 / 1e6
+    assert by[(1, 1)]["upload_mb"] == pytest.approx(20 * per_update, rel=1e-12)
+    assert by[(5, 1)]["upload_mb"] == pytest.approx(4 * per_update, rel=1e-12)
+    assert by[(5, 2)]["status"] == "skipped: fold_group 5 is not a multiple of multi_client 2"
+    assert "-g5" in {p.name[-3:] for p in (tmp_path / "out" / "runs").iterdir()}
+
+
+def test_fold_group_axis_refused_for_an_algorithm_that_cannot_fold_groups(tmp_path, partition_cache):
+    from fedray.apps.scale import load_scale
+
+    exp = _synthetic_experiment(tmp_path, partition_cache, algorithm={"name": "moon", "params": {}})
+    with pytest.raises(ConfigError, match=r"^fold_group: a point has fold_group 4, but engine.fold_group: 4"):
+        load_scale(data={"experiment": exp, "sweep": {"fold_group": [1, 4]}})
+
+
+@pytest.mark.parametrize("name", ["scale_100k.yaml", "scale_full.yaml", "scale_fold_group.yaml"])
+def test_shipped_scale_files_are_valid(name):
+    from pathlib import Path
+
+    from fedray.apps.scale import load_scale
+
+    spec = load_scale(Path(__file__).resolve().parents[2] / "jobs" / "configs" / name)
+    assert spec.points and spec.rounds >= 1
