@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from fedray.core.errors import ConfigError
 from fedray.core.ray_env import ensure_ray
 
-__all__ = ["Actors", "CoordinatorHost", "EarlyStart", "coordinator_options", "early_start", "start_actors"]
+__all__ = ["Actors", "CoordinatorHost", "EarlyStart", "coordinator_options", "early_start", "kill_actors",
+           "start_actors"]
 
 
 def _no_sigterm_warning(record) -> bool:
@@ -74,11 +75,16 @@ class Actors:
     worker_gpus: float
 
     def kill(self, ray) -> None:
-        for actor in [self.coord, *self.workers]:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
+        kill_actors(ray, [self.coord, *self.workers])
+
+
+def kill_actors(ray, actors: list) -> None:
+    """``ray.kill`` each actor for good; one already dead is skipped."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
 
 
 def start_actors(cfg) -> Actors:

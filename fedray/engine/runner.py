@@ -30,7 +30,7 @@ from fedray.engine.client.grouped import check_multi_client
 from fedray.engine.coordinator import Coordinator
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.faults import FaultInjector
-from fedray.engine.launch import Actors, EarlyStart, coordinator_options, early_start, start_actors  # noqa: F401
+from fedray.engine.launch import Actors, EarlyStart, coordinator_options, early_start, kill_actors, start_actors  # noqa: F401
 from fedray.engine.pool import default_num_workers
 from fedray.engine.replica import worker_spec
 from fedray.engine.state import ClientStateStore
@@ -265,11 +265,7 @@ class Engine:
         return f["round"], self._get(f["ref"]), f["t0"]
 
     def _kill(self) -> None:
-        for actor in [self.coord, *self.workers]:
-            try:
-                self.ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
+        kill_actors(self.ray, [self.coord, *self.workers])
 
     def close(self) -> None:
         if self.ray is None:
