@@ -9,17 +9,20 @@ ratios fedray / best floor. No assertions: figures only.
 fedray runs cold (``fedray-ray-2w``: a private local Ray started by the run) and warm (``fedray-2w-warm``:
 on the Ray of ``fedray up``, started once before the runs with a record of its own, so no other run of the
 machine joins it, and stopped by ``fedray down`` after them; ``--no-warm`` skips it); the warm run's memory
-includes that cluster's processes. ``--fold-group G`` adds fedray with ``engine.fold_group=G``;
+includes that cluster's processes. fedray with ``engine.fold_group=5`` runs too (``--fold-group G`` picks G,
+``--fold-group 0`` skips it);
 ``--baseline-tree DIR`` adds fedray run from another checkout (a change's before/after in one invocation).
-The last column is the start-up (imports, data, engine ready) over the 1-thread floor's.
+Besides the floor ratios it prints the exit time after each script's last line and the whole process over
+the 2-thread floor's.
 
-``--multi-client M [M ...]`` adds fedray with ``engine.multi_client: M`` (docs/scaling.md). ``--flower``
-adds Flower's simulation engine (bench/flower_app, 2 Ray actors of 1 CPU, 1 torch thread) on the same
-workload, run from its own virtualenv ``bench/.flower-venv`` that the script creates on first use
-(``pip install flwr[simulation]==1.41.0 torch==2.13.0 mlxtend scikit-learn``; Flower pins its own Ray),
-and prints the fedray-vs-Flower ratios (end-to-end wall, rounds, rounds 2..R).
+``--multi-client M [M ...]`` adds fedray with ``engine.multi_client: M`` (docs/scaling.md). Flower's
+simulation engine (bench/flower_app, 2 Ray actors of 1 CPU, 1 torch thread) runs on the same workload
+whenever its own virtualenv ``bench/.flower-venv`` exists; ``--flower`` creates it first
+(``pip install flwr[simulation]==1.41.0 torch==2.13.0 mlxtend scikit-learn``; Flower pins its own Ray) and
+``--no-flower`` skips it. With Flower the script prints the Flower-vs-fedray ratios (end-to-end wall,
+rounds, rounds 2..R). ``fedray bench workload ARGS`` runs this script.
 
-    .venv/bin/python bench/bench_workload.py                 # W1 and W2, 1 repetition
+    .venv/bin/python bench/bench_workload.py                 # W1 and W2, 1 repetition, everything
     .venv/bin/python bench/bench_workload.py --workloads W1 --reps 3 --json bench/out/w1.json
     .venv/bin/python bench/bench_workload.py --multi-client 5 --flower --reps 2
     .venv/bin/python bench/bench_workload.py --workloads W1 --reps 1 --baseline-tree /tmp/base
@@ -46,12 +49,19 @@ FLOWER_VENV = HERE / ".flower-venv"
 FLOWER_REQUIREMENTS = ["flwr[simulation]==1.41.0", "torch==2.13.0", "mlxtend", "scikit-learn", "numpy"]
 
 
+def flower_venv_ready() -> bool:
+    """Whether ``bench/.flower-venv`` exists with :data:`FLOWER_REQUIREMENTS` installed."""
+    marker = FLOWER_VENV / ".fedray-bench-ok"
+    return (FLOWER_VENV / "bin" / "python").exists() and marker.exists() and \
+        marker.read_text().strip() == " ".join(FLOWER_REQUIREMENTS)
+
+
 def ensure_flower_venv(base_python: str | None = None) -> Path:
     """The Python of ``bench/.flower-venv``, created with Flower's simulation extra on first use. Flower
     pins its own Ray, so it never shares fedray's environment."""
     py = FLOWER_VENV / "bin" / "python"
     marker = FLOWER_VENV / ".fedray-bench-ok"
-    if py.exists() and marker.exists() and marker.read_text().strip() == " ".join(FLOWER_REQUIREMENTS):
+    if flower_venv_ready():
         return py
     base = base_python or getattr(sys, "_base_executable", None) or sys.executable
     print(f"creating {FLOWER_VENV} with {' '.join(FLOWER_REQUIREMENTS)} (once)", file=sys.stderr)
@@ -185,11 +195,13 @@ def main(argv=None):
     ap.add_argument("--multi-client", type=int, nargs="*", default=[], metavar="M",
                     help="also run fedray with engine.multi_client=M (one implementation per M)")
     ap.add_argument("--flower", action="store_true",
-                    help="also run Flower's simulation engine (virtualenv bench/.flower-venv, created on first use)")
+                    help="run Flower's simulation engine, creating its virtualenv bench/.flower-venv first if needed "
+                         "(without this flag Flower runs when that virtualenv exists)")
+    ap.add_argument("--no-flower", action="store_true", help="skip Flower even when its virtualenv exists")
     ap.add_argument("--no-warm", action="store_true",
                     help="skip fedray on the warm Ray of `fedray up` (started before the runs, stopped after)")
-    ap.add_argument("--fold-group", type=int, metavar="G",
-                    help="also run fedray (cold) with engine.fold_group=G")
+    ap.add_argument("--fold-group", type=int, metavar="G", default=5,
+                    help="also run fedray (cold) with engine.fold_group=G (default 5; 0 or 1: skip)")
     ap.add_argument("--baseline-tree", type=Path, metavar="DIR",
                     help="also run fedray (cold) from another checkout, e.g. `git worktree add /tmp/base main`, "
                          "to measure a change in the same invocation")
@@ -204,7 +216,7 @@ def main(argv=None):
     roots = {}
     if not args.no_warm:
         impls["fedray-2w-warm"] = lambda w: [*fedray, "--workload", w, "--warm"]
-    if args.fold_group is not None:
+    if args.fold_group is not None and args.fold_group > 1:
         impls[f"fedray-2w-fg{args.fold_group}"] = lambda w: [*fedray, "--workload", w, "--fold-group",
                                                             str(args.fold_group)]
     if args.baseline_tree:
@@ -218,7 +230,7 @@ def main(argv=None):
         impls[f"fedray-2w-m{m}"] = (lambda m: lambda w: [py, str(HERE / "workload_fedray.py"), "--workload", w,
                                                          "--backend", "ray", "--workers", "2",
                                                          "--multi-client", str(m)])(m)
-    if args.flower:
+    if args.flower or (not args.no_flower and flower_venv_ready()):
         fpy = str(ensure_flower_venv())
         impls["flower-2a"] = lambda w: [fpy, str(HERE / "workload_flower.py"), "--workload", w, "--actors", "2"]
     raw = []
