@@ -144,6 +144,8 @@ class EarlyStart:
             self.done.set()
         if started:
             self._hold_ray()
+        else:
+            _leave_at_exit()
 
     def _hold_ray(self) -> None:
         """Keep this thread alive as long as the local Ray it started (its processes die with the thread that
@@ -181,6 +183,25 @@ class EarlyStart:
 
             self.actors.kill(ray)
             self.actors = None
+
+
+_leaving = threading.Lock()
+_leave_registered = False
+
+
+def _leave_at_exit() -> None:
+    """Once per process: at exit, leave the Ray cluster this process joined with ``ray.shutdown()`` before Ray's
+    own atexit call does, which first sleeps 0.5 s for late log lines (a warm run waited for it)."""
+    global _leave_registered
+    with _leaving:
+        if _leave_registered:
+            return
+        _leave_registered = True
+    import atexit
+
+    import ray
+
+    atexit.register(lambda: ray.shutdown() if ray.is_initialized() else None)
 
 
 def early_start(cfg, resume=None, address: str | None = None, warm: bool = False, log=print) -> EarlyStart | None:
