@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedray.algorithms import build_algorithm, build_server_optimizer
+from fedray.algorithms import algorithm_of, build_server_optimizer
 from fedray.config import ConfigError, ExperimentConfig
 from fedray.data.loader import Augment
 from fedray.data.sources import SOURCES
@@ -20,8 +20,7 @@ def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
     data source, the libraries of the trackers it turns on (``output.mlflow`` / ``output.wandb``): a
     ConfigError naming the field (prefixed with ``where``, e.g. a study's file, if given)."""
     try:
-        algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
-        check_fold_group(cfg, algorithm)  # partial sums on the workers: refused for incompatible algorithms
+        check_fold_group(cfg, algorithm_of(cfg))  # partial sums on the workers: refused for incompatible algorithms
         build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
         if cfg.model.name not in MODELS:
             raise ConfigError(f"model.name: unknown model {cfg.model.name!r} (known: {', '.join(sorted(MODELS))})")

@@ -1,6 +1,14 @@
 """Algorithm registry: importing this package registers every shipped algorithm."""
 
-from fedray.algorithms.base import ALGORITHMS, Algorithm, ClientContext, ClientUpdate, build_algorithm, register  # noqa: F401
+from fedray.algorithms.base import (  # noqa: F401
+    ALGORITHMS,
+    Algorithm,
+    ClientContext,
+    ClientUpdate,
+    algorithm_of,
+    build_algorithm,
+    register,
+)
 from fedray.algorithms import fedavg  # noqa: F401
 from fedray.algorithms import fedrcl, baselines  # noqa: F401  (FedRCL, FedSCL, FedCL; FitNet, MOON, FedLC, FedNTD, FedDecorr, FedMLB, FedProc, FedDyn)
 from fedray.algorithms import prototypes, fedccl  # noqa: F401  (FedProto, FPL, FedPCL, FedCCL, FedCCL+, FedAvg+)

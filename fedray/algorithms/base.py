@@ -345,3 +345,8 @@ def build_algorithm(name: str, params: dict | None, cfg=None) -> Algorithm:
     if name not in ALGORITHMS:
         raise ConfigError(f"algorithm.name: unknown algorithm {name!r} (known: {', '.join(sorted(ALGORITHMS))})")
     return ALGORITHMS[name](params, cfg)
+
+
+def algorithm_of(cfg) -> Algorithm:
+    """The algorithm an experiment config names (``algorithm.name`` with ``algorithm.params``)."""
+    return build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)

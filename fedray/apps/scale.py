@@ -399,8 +399,7 @@ def add_speedups(rows: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("status") == "ok":
-            groups.setdefault((r["population"], r["clients_per_round"], r["multi_client"], r.get("fold_group", 1)),
-                              []).append(r)
+            groups.setdefault((r["population"], r["clients_per_round"], r["multi_client"], r["fold_group"]), []).append(r)
     for r in rows:
         r["speedup_vs_fewest_workers"] = math.nan
     for g in groups.values():

@@ -11,6 +11,7 @@ receives calls from one caller, so nothing they compute changes.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -185,18 +186,10 @@ class EarlyStart:
             self.actors = None
 
 
-_leaving = threading.Lock()
-_leave_registered = False
-
-
+@functools.cache
 def _leave_at_exit() -> None:
     """Once per process: at exit, leave the Ray cluster this process joined with ``ray.shutdown()`` before Ray's
     own atexit call does, which first sleeps 0.5 s for late log lines (a warm run waited for it)."""
-    global _leave_registered
-    with _leaving:
-        if _leave_registered:
-            return
-        _leave_registered = True
     import atexit
 
     import ray

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedray.algorithms import build_algorithm
+from fedray.algorithms import algorithm_of
 from fedray.config import from_dict
 from fedray.core.weights import FlatParams
 from fedray.data.loader import Augment
@@ -69,7 +69,7 @@ class Replica:
         self.store = PartitionStore.open(partition_path)
         self.meta = self.store.meta
         self.sizes = np.asarray(self.store.sizes, dtype=np.int64)
-        self.algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
+        self.algorithm = algorithm_of(cfg)
         if seed_model:  # the initial global model: torch.manual_seed(seed) immediately followed by construction
             torch.manual_seed(int(cfg.seed))
         self.model = self.model_factory()

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from fedray.algorithms import algorithm_of
 from fedray.config import ConfigError
 from fedray.data.loader import to_float
 from fedray.engine.outcomes import ClientOutcome, error_text, is_fatal
@@ -86,10 +87,7 @@ def check_multi_client(cfg, meta=None, *, model: nn.Module | None = None, algori
     m = int(cfg.engine.multi_client)
     if m <= 1:
         return
-    if algorithm is None:
-        from fedray.algorithms import build_algorithm
-
-        algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
+    algorithm = algorithm_of(cfg) if algorithm is None else algorithm
     where = f"engine.multi_client: {m} clients at once"
     if getattr(algorithm, "program", "federated") != "federated":
         raise ConfigError(f"{where} is not available for the {algorithm.program!r} program of algorithm "

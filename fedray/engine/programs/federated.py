@@ -47,6 +47,10 @@ class FederatedProgram:
         workers = max(1, self.pool.size)
         return max(2 * workers, self.held_updates() // max(1, unit) - workers)
 
+    def samples(self, sampled: list[int], positions) -> float:
+        """The training samples of the sampled clients at ``positions``: a task's ``cost`` (longest first)."""
+        return float(sum(int(self.sizes[sampled[p]]) for p in positions))
+
     def chunk_size(self, k: int) -> int:
         """Clients per task: ``engine.chunk_size``, or about 4 tasks per worker and round, capped so that
         the updates held at once (reorder window ~ 2 x workers x chunk, plus the tasks returning) stay
@@ -118,7 +122,7 @@ class FederatedProgram:
         target = min(len(sampled), int(self.cfg.train.clients_per_round))
         k = len(sampled)
         chunk = self.chunk_size(k)
-        window = int(e.reorder_window or max(self.reorder_window(chunk) * chunk, chunk + 1))
+        window = int(e.reorder_window or self.reorder_window(chunk) * chunk)
         client_w = [self.algorithm.client_weight(int(self.sizes[c])) for c in sampled]
         fold, tally = OrderedFold(client_w), ClientTally()
         timing = {"fold": 0.0}
@@ -143,8 +147,7 @@ class FederatedProgram:
 
         sched = TaskScheduler(self.pool, FailurePolicy.from_engine(e), rnd, faults=self.faults)
         # longest first, except when the first to finish are kept (stragglers): then in sampled order
-        cost = (lambda ps: 0.0) if collect_all else (lambda ps: float(sum(int(self.sizes[sampled[p]]) for p in ps)))
-        tasks = [Task(tuple((p, sampled[p]) for p in ps), cost=cost(ps))
+        tasks = [Task(tuple((p, sampled[p]) for p in ps), cost=0.0 if collect_all else self.samples(sampled, ps))
                  for ps in (range(i, min(i + chunk, k)) for i in range(0, k, chunk))]
         deadline = time.perf_counter() + e.round_deadline_s if e.round_deadline_s is not None else None
         sched.run(tasks, lambda widx, task: self.pool.submit(widx, "run_clients", rnd, w_ref, p_ref, list(task.items),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 
+from fedray.algorithms import algorithm_of
 from fedray.core.errors import ConfigError
 from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler
 from fedray.engine.fold import OrderedFold
@@ -39,10 +40,7 @@ def check_fold_group(cfg, algorithm=None) -> None:
     g = int(cfg.engine.fold_group)
     if g <= 1:
         return
-    if algorithm is None:
-        from fedray.algorithms import build_algorithm
-
-        algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.params, cfg)
+    algorithm = algorithm_of(cfg) if algorithm is None else algorithm
     where = f"engine.fold_group: {g}"
     name = cfg.algorithm.name
     if getattr(algorithm, "program", "federated") != "federated":
@@ -91,7 +89,7 @@ def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dic
 
     sched = TaskScheduler(prog.pool, FailurePolicy.from_engine(e), rnd, faults=prog.faults)
     tasks = [Task(tuple((p, sampled[p], clients.coefficient(p)) for p in grp), group=True,
-                  cost=float(sum(int(prog.sizes[sampled[p]]) for p in grp))) for grp in groups]
+                  cost=prog.samples(sampled, grp)) for grp in groups]
     sched.run(tasks, lambda widx, task: prog.pool.submit(widx, "run_group", rnd, w_ref, p_ref, list(task.items), hints),
               on_outcome, on_drop=on_drop, may_start=lambda task: task.first // g < fold.next + window)
     sched.check_drops(k)
