@@ -8,9 +8,10 @@ ratios fedray / best floor. No assertions: figures only.
 
 fedray runs cold (``fedray-ray-2w``: a private local Ray started by the run) and warm (``fedray-2w-warm``:
 on the Ray of ``fedray up``, started once before the runs with a record of its own, so no other run of the
-machine joins it, and stopped by ``fedray down`` after them; ``--no-warm`` skips it); the warm run's memory
-includes that cluster's processes. fedray with ``engine.fold_group=5`` runs too (``--fold-group G`` picks G,
-``--fold-group 0`` skips it);
+machine joins it, and stopped by ``fedray down`` after them; ``--no-warm`` skips it); nothing is timed
+while that cluster starts its idle workers (after ``up`` and after each warm run, whose exit refills them).
+The warm run's memory includes that cluster's processes, the idle workers refilled at its exit included.
+fedray with ``engine.fold_group=5`` runs too (``--fold-group G`` picks G, ``--fold-group 0`` skips it);
 ``--baseline-tree DIR`` adds fedray run from another checkout (a change's before/after in one invocation).
 Besides the floor ratios it prints the exit time after each script's last line and the whole process over
 the 2-thread floor's.
@@ -182,8 +183,19 @@ def _warm_up() -> dict:
     WARM_CACHE = tempfile.mkdtemp(prefix="fedray-bench-up-")
     subprocess.run([sys.executable, "-m", "fedray", "up", "--num-cpus", "2"], env=_warm_env(), cwd=ROOT, check=True)
     rec = json.loads((Path(WARM_CACHE) / "fedray" / "ray" / "up.json").read_text())
-    time.sleep(5)  # its agents finish starting before anything is timed
+    _warm_settle(rec)
     return rec
+
+
+def _warm_settle(rec: dict) -> None:
+    """Nothing is timed while the `fedray up` cluster starts its idle workers (after `up`, and after each warm
+    run: its exit refills them); a warm run finds them ready, as between a user's runs."""
+    from fedray.core.warm_workers import wait_ready
+
+    t = time.perf_counter()
+    ready = wait_ready(rec["temp_dir"], int(rec.get("idle_workers") or 0))
+    time.sleep(1.0)  # the refill process's own exit, the agents' last start-up work
+    print(f"  (warm cluster: {ready} idle workers ready after {time.perf_counter() - t:.1f} s)", file=sys.stderr)
 
 
 def main(argv=None):
@@ -240,6 +252,8 @@ def main(argv=None):
             for rep in range(args.reps):
                 for name, cmd in impls.items():  # interleaved, so drift hits every implementation alike
                     r = run_one(cmd(w), roots.get(name, ROOT), warm["temp_dir"] if name.endswith("-warm") else None)
+                    if name.endswith("-warm"):
+                        _warm_settle(warm)
                     r.update(impl=name, workload=w, rep=rep)
                     raw.append(r)
                     print(f"  {w} rep {rep} {name:16s} start {r['startup_s']:.2f} s  rounds {r['rounds_s']:.2f} s  "

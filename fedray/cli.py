@@ -74,10 +74,21 @@ def _cmd_run(args) -> int:
     return 130 if res.interrupted else 0
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def _cmd_up(args) -> int:
     from fedray.core.ray_up import up
 
-    up(num_cpus=args.num_cpus, num_gpus=args.num_gpus, object_store_memory=args.object_store_memory)
+    up(num_cpus=args.num_cpus, num_gpus=args.num_gpus, object_store_memory=args.object_store_memory,
+       idle_workers=args.idle_workers)
     return 0
 
 
@@ -292,6 +303,10 @@ def _add_experiment_commands(sub) -> None:
     up.add_argument("--num-cpus", type=int, help="logical CPUs of the node (default: the machine's cores)")
     up.add_argument("--num-gpus", type=int, help="GPUs of the node (default: what Ray detects)")
     up.add_argument("--object-store-memory", type=int, metavar="BYTES", help="object store size (default: Ray's)")
+    up.add_argument("--idle-workers", type=_non_negative_int, metavar="N",
+                    help="worker processes kept started and idle, with torch and fedray imported, for the next "
+                         "run's actors; refilled as each run exits; about 300 MB each (default: CPUs + 1, a "
+                         "default run's workers and coordinator; 0: none)")
     up.set_defaults(func=_cmd_up)
     down = sub.add_parser("down", help="stop the Ray that `fedray up` started",
                           description="Stop exactly the processes of the Ray `fedray up` started (never another "

@@ -24,11 +24,14 @@ A third case is asked for by name: ``warm=True`` (``fedray run`` does, unless ``
 ``FEDRAY_NO_WARM=1``) with no address joins the loopback Ray that ``fedray up`` started and recorded in
 ``warm_record_path()`` (:mod:`fedray.core.ray_up`), with the token it recorded, and says so in one line.
 Only that recorded cluster, never another one running on the machine; a record whose cluster is gone is
-dropped with a notice and fedray starts its own local Ray as usual.
+dropped with a notice and fedray starts its own local Ray as usual. The job then carries the fingerprint
+of its code (:mod:`fedray.core.warm_workers`), so its actors start in the cluster's idle workers of the
+same code, and refills those as the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import json
 import logging
@@ -37,6 +40,8 @@ import secrets
 import socket
 import stat
 from pathlib import Path
+
+from fedray.core import warm_workers
 
 __all__ = ["RayConnectError", "ensure_ray", "local_ray_env", "local_token_path", "read_warm_record", "warm_record_path"]
 
@@ -175,6 +180,11 @@ def _connect_warm(ray, rec: dict, log_to_driver: bool, init_kwargs: dict, log) -
         os.environ["RAY_AUTH_TOKEN_PATH"] = rec["token_path"]
     os.environ["RAY_AUTH_MODE"] = "token"
     _refresh_ray_config()
+    if rec.get("idle_workers") and rec.get("node_manager_port"):
+        # this job's actors may start in the cluster's idle workers of the same code; at exit, refill them
+        init_kwargs = {**init_kwargs, "runtime_env": warm_workers.runtime_env(warm_workers.code_fingerprint(),
+                                                                             init_kwargs.get("runtime_env"))}
+        atexit.register(warm_workers.spawn_refill, rec)
     _connect(ray, rec["address"], log_to_driver, init_kwargs)
     (log or print)(f"[fedray] using the warm Ray of `fedray up` at {rec['address']} (record {warm_record_path()}); "
                    f"`fedray run --no-warm` starts a private one instead, `fedray down` stops it")

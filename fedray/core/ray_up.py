@@ -7,7 +7,9 @@ on 127.0.0.1 only, token authentication on (fedray's token file unless ``RAY_AUT
 defaults), its own temp dir (``/tmp/fedray-up-*``), no dashboard. It then records the cluster in
 ``warm_record_path()``; ``fedray run`` joins only that recorded cluster (``ensure_ray(warm=True)``). Worker
 processes import ``torch`` and fedray's client worker and coordinator before they take work (Ray's
-``preload_python_modules``), as a run's actors would anyway.
+``preload_python_modules``), as a run's actors would anyway, and ``--idle-workers`` of them (default: the
+node's CPUs + 1) are kept started and idle, refilled as each warm run exits, so that the next run's actors
+find their processes ready (:mod:`fedray.core.warm_workers`).
 
 ``down`` stops exactly the processes of that cluster (those whose command line holds its temp dir: a
 plain ``ray stop`` would stop every Ray of the machine, other users' included), then removes the record
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from fedray.core.io import atomic_write_text
 from fedray.core.ray_env import FEDRAY_DIR, local_ray_env, read_warm_record, warm_record_path
+from fedray.core.warm_workers import spawn_refill
 
 __all__ = ["PRELOAD_MODULES", "cluster_pids", "down", "up"]
 
@@ -97,8 +100,11 @@ def _stop(temp_dir: str, timeout: float = STOP_TIMEOUT_S) -> int:
 
 
 def up(num_cpus: int | None = None, num_gpus: int | None = None, object_store_memory: int | None = None,
-       log=print) -> dict:
-    """Start the warm local Ray (or report the one already recorded and running); returns its record."""
+       idle_workers: int | None = None, log=print) -> dict:
+    """Start the warm local Ray (or report the one already recorded and running); returns its record.
+    ``idle_workers`` (default: the node's CPUs + 1, a default run's client workers and coordinator; 0: none)
+    worker processes are kept idle with torch and fedray imported, for the next run's actors
+    (:mod:`fedray.core.warm_workers`)."""
     rec = read_warm_record(log)
     if rec is not None:
         log(f"[fedray] a `fedray up` Ray already runs at {rec['address']} (record {warm_record_path()}); "
@@ -106,12 +112,16 @@ def up(num_cpus: int | None = None, num_gpus: int | None = None, object_store_me
         return rec
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
-    env.update(local_ray_env(), RAY_USAGE_STATS_ENABLED="0", RAY_preload_python_modules=",".join(PRELOAD_MODULES))
+    # RAY_prestart_worker_first_driver=0: the raylet would start one worker per CPU for every driver that joins,
+    # without the driver's runtime env (so never used by a run's actors), importing torch beside its start-up
+    env.update(local_ray_env(), RAY_USAGE_STATS_ENABLED="0", RAY_preload_python_modules=",".join(PRELOAD_MODULES),
+               RAY_prestart_worker_first_driver="0")
     temp = tempfile.mkdtemp(prefix=Path(TEMP_PREFIX).name, dir=Path(TEMP_PREFIX).parent)
-    gcs = _free_port()
+    gcs, node_manager = _free_port(), _free_port()
     ray_bin = Path(sys.executable).parent / "ray"
     cmd = [str(ray_bin) if ray_bin.exists() else sys.executable, *([] if ray_bin.exists() else ["-m", "ray.scripts.scripts"]),
            "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1", "--include-dashboard=false",
+           f"--node-manager-port={node_manager}",
            f"--dashboard-agent-listen-port={_free_port()}", f"--dashboard-agent-grpc-port={_free_port()}",
            f"--metrics-export-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
            f"--temp-dir={temp}", "--disable-usage-stats"]
@@ -128,12 +138,16 @@ def up(num_cpus: int | None = None, num_gpus: int | None = None, object_store_me
     rec = {"address": f"127.0.0.1:{gcs}", "temp_dir": temp, "gcs_pid": pid,
            "token_path": env.get("RAY_AUTH_TOKEN_PATH"), "python": sys.executable, "fedray": str(FEDRAY_DIR),
            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "preload": list(PRELOAD_MODULES)}
+           "preload": list(PRELOAD_MODULES), "node_manager_port": node_manager,
+           "idle_workers": int((num_cpus or os.cpu_count() or 1) + 1 if idle_workers is None else idle_workers)}
     path = warm_record_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     atomic_write_text(path, json.dumps(rec, indent=1) + "\n")
     log(f"[fedray] Ray is up at {rec['address']} (127.0.0.1 only, token auth on; temp dir {temp}); "
         f"`fedray run` uses it until `fedray down` (record {path})")
+    if spawn_refill(rec, env.get("RAY_AUTH_TOKEN_PATH")) is not None:
+        log(f"[fedray] starting {rec['idle_workers']} idle workers with torch and fedray imported for the next "
+            f"run's actors (about 300 MB each; `fedray up --idle-workers 0` keeps none)")
     return rec
 
 

@@ -13,12 +13,13 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from fedray.core import ray_env, ray_up
+from fedray.core import ray_env, ray_up, warm_workers
 from tests.helpers import ROOT, run_quiet, small_config, terminate_matching
 
 #: a string this test process's own command line holds, as a live head's holds its temp dir (argv[0] may be a
@@ -41,10 +42,37 @@ def _fedray(env: dict, *args: str, timeout: float = 240) -> subprocess.Completed
     return r
 
 
+def _until(what, timeout: float = 180.0):
+    """Poll ``what()`` until it returns something true (returned) or ``timeout`` seconds pass (AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while not (got := what()):
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what.__doc__}"
+        time.sleep(0.2)
+    return got
+
+
+def _idle(rec: dict) -> dict[int, str | None]:
+    """pid -> warm code of the ready idle workers of the `fedray up` head of ``rec``."""
+    raylet = warm_workers._raylet_pid(rec["temp_dir"])
+    return warm_workers.idle_workers(raylet)[0] if raylet else {}
+
+
+#: a driver that joins the warm cluster as code of another fingerprint would, and reports its actor's process
+OTHER_CODE_DRIVER = """
+import os, ray
+from fedray.core import ray_env, warm_workers
+warm_workers.code_fingerprint = lambda *a: "0000other0000000"
+ray_env.ensure_ray(warm=True, log=lambda *a: None, log_to_driver=False)
+a = ray.remote(num_cpus=0)(type("Probe", (), {"pid": lambda self: (os.getpid(), os.environ.get("FEDRAY_WARM_CODE"))})).remote()
+print("PROBE", *ray.get(a.pid.remote()))
+"""
+
+
 @pytest.mark.ray
 def test_up_run_down(tmp_path, partition_cache, ray_session):
     """`fedray up` -> `fedray run` uses it (one line says so) and gives the cold run's weights -> `fedray down`
-    stops every process of it and removes the record."""
+    stops every process of it and removes the record. The cluster keeps CPUs + 1 idle workers of this code:
+    the run's actors start in them, a driver of other code never does, and the run refills them as it exits."""
     cache = tmp_path / "cache"
     env = _env(cache)
     cfg = small_config(tmp_path / "cold", partition_cache, train__rounds=2, train__clients_per_round=4,
@@ -60,14 +88,32 @@ def test_up_run_down(tmp_path, partition_cache, ray_session):
         assert ray_up.cluster_pids(rec["temp_dir"])
         again = _fedray(env, "up")  # already up: reported, not started twice
         assert "already runs at " + rec["address"] in again.stdout
+        code = warm_workers.code_fingerprint()
+        assert rec["idle_workers"] == 3
+
+        def three_idle():
+            """three idle workers of this code"""
+            idle = _idle(rec)
+            return idle if sorted(idle.values()) == [code] * 3 else None
+
+        first = _until(three_idle)
+        probe = subprocess.run([sys.executable, "-c", OTHER_CODE_DRIVER], env={**env, "PYTHONPATH": str(ROOT)},
+                               capture_output=True, text=True, timeout=240, cwd=ROOT)
+        assert probe.returncode == 0, probe.stderr[-3000:]
+        pid, probe_code = probe.stdout.split("PROBE")[-1].split()
+        assert int(pid) not in first and probe_code == "0000other0000000"  # other code: a process of its own
         run = _fedray(env, "run", str(tmp_path / "run.yaml"), "-q")
         assert f"using the warm Ray of `fedray up` at {rec['address']}" in run.stdout
         run_dir = Path(run.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["weights_hash"] == cold.weights_hash
+        # the run's 3 actors took the 3 idle workers (they end with the run), and its exit refilled them
+        refilled = _until(lambda: (idle := three_idle()) and not set(idle) & set(first) and idle)
+        assert all(os.path.exists(f"/proc/{p}") for p in refilled)
         down = _fedray(env, "down")
         assert "stopped the `fedray up` Ray at " + rec["address"] in down.stdout
         assert not ray_up.cluster_pids(rec["temp_dir"])
+        assert not any(os.path.exists(f"/proc/{p}") for p in refilled)  # idle workers stop with the cluster
         assert not (cache / "fedray" / "ray" / "up.json").exists() and not Path(rec["temp_dir"]).exists()
         assert "nothing to stop" in _fedray(env, "down").stdout
     finally:

@@ -1,0 +1,205 @@
+"""Idle worker processes of the `fedray up` Ray, started before a run with torch and fedray imported.
+
+Ray gives every job (every driver process) worker processes of its own, so on a warm cluster most of a
+run's start-up is its actors' processes starting: the coordinator and each client worker import torch
+and fedray (1.5-2.5 s apiece on 2 cores, all at once). The raylet can also start *idle* workers that no
+job owns yet (its ``PrestartWorkers`` call); the next job's actors are placed in them when their runtime
+environments match. fedray uses that, and makes the match mean "same code":
+
+- every job that joins the `fedray up` cluster carries one environment variable, ``FEDRAY_WARM_CODE``: the
+  :func:`code_fingerprint` of what a worker process would import now (fedray's source files by path, size
+  and mtime, the interpreter, the site-packages directories, whose mtime changes when a package is
+  installed or removed);
+- :func:`refill` asks the raylet for idle workers with that variable until ``count`` of them are idle. It
+  runs as a small detached process, started by `fedray up` and by every warm run as it exits, so the
+  workers import torch between runs, not during one;
+- a run whose code differs (a source file edited, a package installed) has another fingerprint: Ray never
+  places its actors in those idle workers, and the next refill stops them.
+
+A warm run's results are the same bits either way: an idle worker is a fresh process that has run nothing.
+Each idle worker holds about 300 MB (torch imported) until a run takes it or `fedray down`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import site
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["KEEP_ALIVE_S", "WARM_CODE_ENV", "code_fingerprint", "idle_workers", "main", "refill", "runtime_env",
+           "spawn_refill", "wait_ready"]
+
+#: The environment variable of a warm job and of the idle workers started for it.
+WARM_CODE_ENV = "FEDRAY_WARM_CODE"
+#: How long the raylet keeps an idle worker it was asked for (it may stop idle workers sooner otherwise).
+KEEP_ALIVE_S = 30 * 24 * 3600
+#: A refill gives up after this long (a busy node whose CPUs never free up).
+REFILL_DEADLINE_S = 300.0
+_PACKAGE = Path(__file__).resolve().parents[1]  # fedray/
+_NO_JOB = b"RAY_JOB_ID=ffffffff"  # what the raylet gives a worker it starts for no job
+
+
+def code_fingerprint(package: Path = _PACKAGE) -> str:
+    """16 hex digits that change whenever what a new worker process imports may have changed: every ``.py``
+    file under ``package`` (relative path, size, mtime), the interpreter and its version, and the mtime of
+    each site-packages directory."""
+    h = hashlib.sha256(f"{sys.executable}\0{sys.version}\0".encode())
+    for d in sorted({*site.getsitepackages(), site.getusersitepackages()}):
+        try:
+            h.update(f"{d}\0{os.stat(d).st_mtime_ns}\0".encode())
+        except OSError:
+            continue
+    for p in sorted(package.rglob("*.py")):
+        st = p.stat()
+        h.update(f"{p.relative_to(package)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()[:16]
+
+
+def runtime_env(fingerprint: str, base: dict | None = None) -> dict:
+    """``base`` (a job's runtime_env, or none) with the warm-code variable added, and without eager install: a
+    job whose runtime env installs eagerly has the raylet start one worker per CPU for it as it connects,
+    which import torch beside the run's own start-up and are never used."""
+    env = dict(base or {})
+    env["env_vars"] = {**(env.get("env_vars") or {}), WARM_CODE_ENV: fingerprint}
+    env["config"] = {**(env.get("config") or {}), "eager_install": False}
+    return env
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _raylet_pid(temp_dir: str) -> int | None:
+    """The raylet of the head started with ``temp_dir`` (its command line holds the temp dir)."""
+    for d in os.listdir("/proc"):
+        if d.isdigit() and _read(f"/proc/{d}/comm").strip() == b"raylet" and \
+                temp_dir.encode() in _read(f"/proc/{d}/cmdline"):
+            return int(d)
+    return None
+
+
+def idle_workers(raylet_pid: int) -> tuple[dict[int, str | None], dict[int, str | None]]:
+    """The raylet's worker processes started for no job (``RAY_JOB_ID`` nil) and not yet taken by one, as two
+    maps pid -> their ``FEDRAY_WARM_CODE`` (None without one): those ready (titled ``ray::IDLE``) and those
+    still starting (``default_worker.py``)."""
+    ready, starting = {}, {}
+    key = WARM_CODE_ENV.encode() + b"="
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        stat = _read(f"/proc/{d}/stat")
+        try:
+            if int(stat.rsplit(b")", 1)[1].split()[1]) != raylet_pid:
+                continue
+        except (IndexError, ValueError):
+            continue
+        cmd = _read(f"/proc/{d}/cmdline")
+        into = ready if cmd.startswith(b"ray::IDLE") else starting if b"default_worker.py" in cmd else None
+        if into is None:
+            continue
+        env = _read(f"/proc/{d}/environ").split(b"\0")
+        if _NO_JOB not in env:  # a job's own worker, between two of its tasks
+            continue
+        into[int(d)] = next((v[len(key):].decode() for v in env if v.startswith(key)), None)
+    return ready, starting
+
+
+def wait_ready(temp_dir: str, count: int, timeout: float = 120.0) -> int:
+    """Wait until ``count`` idle workers of this code are ready on the head of ``temp_dir`` (a benchmark starts
+    its clock only then) or ``timeout`` passes; how many are ready."""
+    fingerprint, stop_at = code_fingerprint(), time.monotonic() + timeout
+    while True:
+        raylet = _raylet_pid(temp_dir)
+        ready = sum(code == fingerprint for code in idle_workers(raylet)[0].values()) if raylet else 0
+        if ready >= count or raylet is None or time.monotonic() > stop_at:
+            return ready
+        time.sleep(0.2)
+
+
+def _prestart(port: int, n: int, fingerprint: str) -> None:
+    """Ask the raylet at 127.0.0.1:``port`` for ``n`` idle Python workers of the warm runtime env (it starts at
+    most as many as its start-up concurrency allows; the rest are asked for again)."""
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray._private.utils import get_runtime_env_info
+    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+    from ray.runtime_env import RuntimeEnv
+
+    channel = init_grpc_channel(f"127.0.0.1:{port}")
+    try:
+        node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(
+            node_manager_pb2.PrestartWorkersRequest(
+                language=common_pb2.Language.PYTHON, num_workers=n, keep_alive_duration_secs=KEEP_ALIVE_S,
+                runtime_env_info=get_runtime_env_info(RuntimeEnv(**runtime_env(fingerprint)))), timeout=30)
+    finally:
+        channel.close()
+
+
+def refill(temp_dir: str, port: int, count: int, *, deadline_s: float = REFILL_DEADLINE_S, log=print) -> int:
+    """Until ``count`` idle workers with this code's fingerprint are ready on the head of ``temp_dir``: stop
+    idle workers of other code, ask the raylet for the missing ones. Returns how many are ready."""
+    fingerprint = code_fingerprint()
+    raylet = _raylet_pid(temp_dir)
+    if raylet is None:
+        log(f"[fedray] refill: no raylet runs under {temp_dir}")
+        return 0
+    stop_at = time.monotonic() + deadline_s
+    while True:
+        ready, starting = idle_workers(raylet)
+        for pid, code in ready.items():
+            if code is not None and code != fingerprint:  # imported code that has changed since
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                    log(f"[fedray] refill: stopped idle worker {pid} (code {code}, now {fingerprint})")
+                except ProcessLookupError:
+                    pass
+        mine = sum(code == fingerprint for code in ready.values())
+        if mine >= count or time.monotonic() > stop_at or _raylet_pid(temp_dir) != raylet:
+            log(f"[fedray] refill: {mine} idle workers of code {fingerprint} ready (asked for {count})")
+            return mine
+        missing = count - mine - sum(code == fingerprint for code in starting.values())
+        if missing > 0:
+            _prestart(port, missing, fingerprint)
+        time.sleep(0.5)
+
+
+def spawn_refill(rec: dict, token_path: str | None = None) -> subprocess.Popen | None:
+    """Start :func:`refill` for the `fedray up` cluster of record ``rec`` as a detached process (its command
+    line holds the cluster's temp dir, so `fedray down` stops it too); its lines go to
+    ``<temp dir>/fedray-refill.log``. None when the record asks for no idle workers."""
+    count, port, temp = int(rec.get("idle_workers") or 0), rec.get("node_manager_port"), rec.get("temp_dir")
+    if count <= 0 or not port or not temp or not Path(temp).is_dir():
+        return None
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0")
+    if token_path or rec.get("token_path"):
+        env["RAY_AUTH_TOKEN_PATH"] = str(token_path or rec["token_path"])
+    with open(Path(temp) / "fedray-refill.log", "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "fedray.core.warm_workers", "--temp-dir", temp,
+                                 "--port", str(port), "--count", str(count)],
+                                cwd=str(_PACKAGE.parent), env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fedray.core.warm_workers",
+                                 description="Keep COUNT idle workers of this code on the `fedray up` head.")
+    ap.add_argument("--temp-dir", required=True)
+    ap.add_argument("--port", type=int, required=True, help="the raylet's node manager port")
+    ap.add_argument("--count", type=int, required=True)
+    args = ap.parse_args(argv)
+    refill(args.temp_dir, args.port, args.count, log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

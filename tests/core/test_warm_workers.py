@@ -1,0 +1,92 @@
+"""fedray/core/warm_workers.py without Ray: the code fingerprint that decides which idle workers a warm run may
+use, the runtime env a warm job carries, and how idle workers are told apart from a job's own processes (real
+child processes standing in for the raylet's). With a real `fedray up` cluster: tests/core/test_ray_up.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from fedray.core import warm_workers
+
+
+def _package(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (pkg / "notes.txt").write_text("not code\n")
+    return pkg
+
+
+def test_fingerprint_follows_the_source_files(tmp_path):
+    """Same files: same fingerprint. An edit, a touch (mtime), a new or a removed module: another one.
+    Files that are not Python do not count."""
+    pkg = _package(tmp_path)
+    first = warm_workers.code_fingerprint(pkg)
+    assert first == warm_workers.code_fingerprint(pkg) and len(first) == 16
+    (pkg / "notes.txt").write_text("edited\n")
+    assert warm_workers.code_fingerprint(pkg) == first
+    seen = {first}
+    st = (pkg / "a.py").stat()
+    os.utime(pkg / "a.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched, same content
+    seen.add(warm_workers.code_fingerprint(pkg))
+    (pkg / "sub" / "b.py").write_text("y = 3\n")
+    seen.add(warm_workers.code_fingerprint(pkg))
+    (pkg / "sub" / "c.py").write_text("")
+    seen.add(warm_workers.code_fingerprint(pkg))
+    (pkg / "sub" / "c.py").unlink()
+    (pkg / "sub" / "b.py").rename(pkg / "sub" / "d.py")
+    seen.add(warm_workers.code_fingerprint(pkg))
+    assert len(seen) == 5
+
+
+def test_runtime_env_keeps_the_jobs_own_settings():
+    """The warm variable is added to a job's own env vars, and eager install is off (else the raylet starts a
+    worker per CPU for each joining job, which the run never uses)."""
+    env = warm_workers.runtime_env("abc", {"env_vars": {"A": "1"}, "pip": ["x"]})
+    assert env == {"env_vars": {"A": "1", warm_workers.WARM_CODE_ENV: "abc"}, "pip": ["x"],
+                   "config": {"eager_install": False}}
+    assert warm_workers.runtime_env("abc")["env_vars"] == {warm_workers.WARM_CODE_ENV: "abc"}
+
+
+def test_idle_workers_are_the_job_less_ones(tmp_path):
+    """Children of the raylet (here: this test process) count as idle workers only when no job owns them
+    (RAY_JOB_ID nil): ready ones are titled ray::IDLE, starting ones still run default_worker.py; a job's own
+    worker and any other child are left out."""
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_JOB_ID", warm_workers.WARM_CODE_ENV)}
+    nil = {"RAY_JOB_ID": "ffffffff"}
+    sleeper = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    kids = {
+        "ready": subprocess.Popen(["bash", "-c", f"exec -a ray::IDLE {sys.executable} -c 'import sys; sys.stdin.read()'"],
+                                  stdin=subprocess.PIPE, env={**base, **nil, warm_workers.WARM_CODE_ENV: "c1"}),
+        "ready_plain": subprocess.Popen(["bash", "-c", f"exec -a ray::IDLE {sys.executable} -c 'import sys; sys.stdin.read()'"],
+                                        stdin=subprocess.PIPE, env={**base, **nil}),
+        "starting": subprocess.Popen([*sleeper, "default_worker.py"], stdin=subprocess.PIPE,
+                                     env={**base, **nil, warm_workers.WARM_CODE_ENV: "c2"}),
+        "job_owned": subprocess.Popen(["bash", "-c", f"exec -a ray::IDLE {sys.executable} -c 'import sys; sys.stdin.read()'"],
+                                      stdin=subprocess.PIPE, env={**base, "RAY_JOB_ID": "02000000",
+                                                                  warm_workers.WARM_CODE_ENV: "c1"}),
+        "other": subprocess.Popen(sleeper, stdin=subprocess.PIPE, env={**base, **nil}),
+    }
+    try:
+        # exec -a has replaced bash once the command line reads ray::IDLE
+        deadline = time.monotonic() + 30
+        for k in ("ready", "ready_plain", "job_owned"):
+            while not open(f"/proc/{kids[k].pid}/cmdline", "rb").read().startswith(b"ray::IDLE"):
+                assert time.monotonic() < deadline, k
+        ready, starting = warm_workers.idle_workers(os.getpid())
+        assert ready == {kids["ready"].pid: "c1", kids["ready_plain"].pid: None}
+        assert starting == {kids["starting"].pid: "c2"}
+    finally:
+        for p in kids.values():
+            p.stdin.close()
+            p.wait(timeout=30)
+
+
+def test_no_refill_without_idle_workers(tmp_path):
+    """A record that asks for no idle workers (or an older record without the raylet's port) starts nothing."""
+    assert warm_workers.spawn_refill({"idle_workers": 0, "node_manager_port": 1, "temp_dir": str(tmp_path)}) is None
+    assert warm_workers.spawn_refill({"idle_workers": 3, "temp_dir": str(tmp_path)}) is None
