@@ -11,7 +11,8 @@ on the Ray of ``fedray up``, started once before the runs with a record of its o
 machine joins it, and stopped by ``fedray down`` after them; ``--no-warm`` skips it); nothing is timed
 while that cluster starts its idle workers (after ``up`` and after each warm run, whose exit refills them).
 The warm run's memory includes that cluster's processes, the idle workers refilled at its exit included.
-fedray with ``engine.fold_group=5`` runs too (``--fold-group G`` picks G, ``--fold-group 0`` skips it);
+fedray with ``engine.fold_group=5`` runs too, warm (cold with ``--no-warm``; ``--fold-group G`` picks G,
+``--fold-group 0`` skips it);
 ``--baseline-tree DIR`` adds fedray run from another checkout (a change's before/after in one invocation).
 Besides the floor ratios it prints the exit time after each script's last line and the whole process over
 the 2-thread floor's.
@@ -211,9 +212,11 @@ def main(argv=None):
                          "(without this flag Flower runs when that virtualenv exists)")
     ap.add_argument("--no-flower", action="store_true", help="skip Flower even when its virtualenv exists")
     ap.add_argument("--no-warm", action="store_true",
-                    help="skip fedray on the warm Ray of `fedray up` (started before the runs, stopped after)")
+                    help="skip fedray on the warm Ray of `fedray up` (started before the runs, stopped after); "
+                         "fold_group then runs cold")
     ap.add_argument("--fold-group", type=int, metavar="G", default=5,
-                    help="also run fedray (cold) with engine.fold_group=G (default 5; 0 or 1: skip)")
+                    help="also run fedray with engine.fold_group=G, warm (cold with --no-warm) (default 5; "
+                         "0 or 1: skip)")
     ap.add_argument("--baseline-tree", type=Path, metavar="DIR",
                     help="also run fedray (cold) from another checkout, e.g. `git worktree add /tmp/base main`, "
                          "to measure a change in the same invocation")
@@ -228,9 +231,9 @@ def main(argv=None):
     roots = {}
     if not args.no_warm:
         impls["fedray-2w-warm"] = lambda w: [*fedray, "--workload", w, "--warm"]
-    if args.fold_group is not None and args.fold_group > 1:
-        impls[f"fedray-2w-fg{args.fold_group}"] = lambda w: [*fedray, "--workload", w, "--fold-group",
-                                                            str(args.fold_group)]
+    if args.fold_group is not None and args.fold_group > 1:  # warm beside the warm run, else cold
+        fg = [*fedray, "--fold-group", str(args.fold_group), *([] if args.no_warm else ["--warm"])]
+        impls[f"fedray-2w-fg{args.fold_group}" + ("" if args.no_warm else "-warm")] = lambda w: [*fg, "--workload", w]
     if args.baseline_tree:
         base = args.baseline_tree.resolve()
         impls["fedray-baseline"] = lambda w: [py, str(base / "bench" / "workload_fedray.py"), "--workload", w,

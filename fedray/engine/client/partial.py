@@ -11,6 +11,8 @@ ends the group: the outcome carries no sum and the coordinator's scheduler runs 
 
 from __future__ import annotations
 
+import numpy as np
+
 from fedray.engine.outcomes import GroupOutcome
 
 __all__ = ["run_partial_sum"]
@@ -19,7 +21,7 @@ __all__ = ["run_partial_sum"]
 def run_partial_sum(runtime, rnd: int, weights, payload: dict, items: list, hints, step: int = 1) -> GroupOutcome:
     """Train ``items = [(position, client id, a_k)]`` with ``runtime`` (``step`` clients per call) and fold them."""
     coeff = {int(p): float(a) for p, _, a in items}
-    acc = None
+    acc = scratch = None
     members = []
     for i in range(0, len(items), max(1, step)):
         outs = runtime.run(rnd, weights, payload, [(int(p), int(c)) for p, c, _ in items[i:i + step]], hints)
@@ -27,10 +29,10 @@ def run_partial_sum(runtime, rnd: int, weights, payload: dict, items: list, hint
             members.append(o)
             if o.error is not None:
                 return GroupOutcome(pos=int(items[0][0]), weights=None, members=members)
-            v = o.weights * coeff[o.pos]
             if acc is None:
-                acc = v
-            else:
-                acc += v
+                acc = o.weights * coeff[o.pos]
+            else:  # a_k w_k into one scratch buffer per group, then added: the same roundings, one allocation
+                scratch = np.multiply(o.weights, coeff[o.pos], out=scratch)
+                acc += scratch
             o.weights = None
     return GroupOutcome(pos=int(items[0][0]), weights=acc, members=members)
