@@ -195,7 +195,7 @@ def _warm_settle(rec: dict) -> None:
 
     t = time.perf_counter()
     ready = wait_ready(rec["temp_dir"], int(rec.get("idle_workers") or 0))
-    time.sleep(1.0)  # the refill process's own exit, the agents' last start-up work
+    time.sleep(2.0)  # a worker is titled IDLE before its preload ends; the refill process exits
     print(f"  (warm cluster: {ready} idle workers ready after {time.perf_counter() - t:.1f} s)", file=sys.stderr)
 
 
@@ -259,7 +259,7 @@ def main(argv=None):
                         _warm_settle(warm)
                     r.update(impl=name, workload=w, rep=rep)
                     raw.append(r)
-                    print(f"  {w} rep {rep} {name:16s} start {r['startup_s']:.2f} s  rounds {r['rounds_s']:.2f} s  "
+                    print(f"  {w} rep {rep} {name:18s} start {r['startup_s']:.2f} s  rounds {r['rounds_s']:.2f} s  "
                           f"wall {r.get('wall_s', 0):.1f} s  acc {r['accuracy']:.3f}  hash {r['weights_hash']}",
                           file=sys.stderr)
     finally:
@@ -270,7 +270,7 @@ def main(argv=None):
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(raw, indent=1))
     print()
-    hdr = (f"{'workload':8s} {'impl':16s} {'wall s':>7s} {'start s':>7s} {'rounds s':>8s} {'r1 s':>6s} "
+    hdr = (f"{'workload':8s} {'impl':18s} {'wall s':>7s} {'start s':>7s} {'rounds s':>8s} {'r1 s':>6s} "
            f"{'r2..R s':>7s} {'exit s':>6s} {'PSS GB':>6s} {'acc':>6s} {'hash':>16s} {'rounds/best floor':>17s} "
            f"{'start/floor-1t':>14s} {'wall/floor-2t':>13s}")
     print(hdr)
@@ -290,7 +290,7 @@ def main(argv=None):
             # after the script's own last line: interpreter exit (a local Ray's shutdown included)
             exit_s = statistics.median(r.get("wall_s", float("nan")) - r["total_s"] for r in rs)
             pss = max(r["tree_peak_pss_gb"] for r in rs)
-            print(f"{w:8s} {n:16s} {wall:7.1f} {start:7.2f} {med[n]:8.2f} {r1:6.2f} {steady:7.3f} {exit_s:6.2f} "
+            print(f"{w:8s} {n:18s} {wall:7.1f} {start:7.2f} {med[n]:8.2f} {r1:6.2f} {steady:7.3f} {exit_s:6.2f} "
                   f"{pss:6.2f} {r0['accuracy']:6.3f} {r0['weights_hash']:>16s} {med[n] / best_floor:17.2f} "
                   f"{start / floor_start:14.2f} {wall / floor2_wall:13.2f}")
         hashes = {n: {r["weights_hash"] for r in rs} for n, rs in rows.items()}

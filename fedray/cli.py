@@ -305,7 +305,7 @@ def _add_experiment_commands(sub) -> None:
     up.add_argument("--object-store-memory", type=int, metavar="BYTES", help="object store size (default: Ray's)")
     up.add_argument("--idle-workers", type=_non_negative_int, metavar="N",
                     help="worker processes kept started and idle, with torch and fedray imported, for the next "
-                         "run's actors; refilled as each run exits; about 300 MB each (default: CPUs + 1, a "
+                         "run's actors; refilled as each run exits; about 250 MB each (default: CPUs + 1, a "
                          "default run's workers and coordinator; 0: none)")
     up.set_defaults(func=_cmd_up)
     down = sub.add_parser("down", help="stop the Ray that `fedray up` started",

@@ -148,7 +148,7 @@ def up(num_cpus: int | None = None, num_gpus: int | None = None, object_store_me
         f"`fedray run` uses it until `fedray down` (record {path})")
     if spawn_refill(rec, env.get("RAY_AUTH_TOKEN_PATH")) is not None:
         log(f"[fedray] starting {rec['idle_workers']} idle workers with torch and fedray imported for the next "
-            f"run's actors (about 300 MB each; `fedray up --idle-workers 0` keeps none)")
+            f"run's actors (about 250 MB each; `fedray up --idle-workers 0` keeps none)")
     return rec
 
 

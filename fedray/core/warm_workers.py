@@ -17,7 +17,7 @@ environments match. fedray uses that, and makes the match mean "same code":
   places its actors in those idle workers, and the next refill stops them.
 
 A warm run's results are the same bits either way: an idle worker is a fresh process that has run nothing.
-Each idle worker holds about 300 MB (torch imported) until a run takes it or `fedray down`.
+Each idle worker holds about 250 MB (torch imported) until a run takes it or `fedray down`.
 """
 
 from __future__ import annotations
