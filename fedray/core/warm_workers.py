@@ -23,6 +23,7 @@ Each idle worker holds about 250 MB (torch imported) until a run takes it or `fe
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import signal
@@ -197,7 +198,11 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, required=True, help="the raylet's node manager port")
     ap.add_argument("--count", type=int, required=True)
     args = ap.parse_args(argv)
-    refill(args.temp_dir, args.port, args.count, log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
+    # one refill at a time per cluster (runs that exit together would each ask for the missing workers);
+    # a refill waiting here counts again once the one before it has finished
+    with open(Path(args.temp_dir) / "fedray-refill.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        refill(args.temp_dir, args.port, args.count, log=lambda m: print(time.strftime("%H:%M:%S"), m, flush=True))
     return 0
 
 
