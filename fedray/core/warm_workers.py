@@ -154,10 +154,12 @@ def refill(temp_dir: str, port: int, count: int, *, deadline_s: float = REFILL_D
         log(f"[fedray] refill: no raylet runs under {temp_dir}")
         return 0
     stop_at = time.monotonic() + deadline_s
+    stopped = set()
     while True:
         ready, starting = idle_workers(raylet)
         for pid, code in ready.items():
-            if code is not None and code != fingerprint:  # imported code that has changed since
+            if code is not None and code != fingerprint and pid not in stopped:  # imported code changed since
+                stopped.add(pid)
                 try:
                     os.kill(pid, signal.SIGTERM)
                     log(f"[fedray] refill: stopped idle worker {pid} (code {code}, now {fingerprint})")
