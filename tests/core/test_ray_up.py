@@ -68,11 +68,21 @@ print("PROBE", *ray.get(a.pid.remote()))
 """
 
 
+#: a refill of the cluster (temp dir, raylet port) as it runs after the code on disk has changed
+REFILL_AS_OTHER_CODE = """
+import sys
+from fedray.core import warm_workers
+warm_workers.code_fingerprint = lambda *a: "0000other0000000"
+sys.exit(warm_workers.main(["--temp-dir", sys.argv[1], "--port", sys.argv[2], "--count", "3"]))
+"""
+
+
 @pytest.mark.ray
 def test_up_run_down(tmp_path, partition_cache, ray_session):
     """`fedray up` -> `fedray run` uses it (one line says so) and gives the cold run's weights -> `fedray down`
     stops every process of it and removes the record. The cluster keeps CPUs + 1 idle workers of this code:
-    the run's actors start in them, a driver of other code never does, and the run refills them as it exits."""
+    the run's actors start in them, a driver of other code never does, the run refills them as it exits, and a
+    refill after the code changed replaces them."""
     cache = tmp_path / "cache"
     env = _env(cache)
     cfg = small_config(tmp_path / "cold", partition_cache, train__rounds=2, train__clients_per_round=4,
@@ -110,6 +120,20 @@ def test_up_run_down(tmp_path, partition_cache, ray_session):
         # the run's 3 actors took the 3 idle workers (they end with the run), and its exit refilled them
         refilled = _until(lambda: (idle := three_idle()) and not set(idle) & set(first) and idle)
         assert all(os.path.exists(f"/proc/{p}") for p in refilled)
+        # the code changes: the next refill stops the idle workers of the old code and starts ones of the new
+        other = subprocess.run([sys.executable, "-c", REFILL_AS_OTHER_CODE, rec["temp_dir"],
+                                str(rec["node_manager_port"])], capture_output=True, text=True, timeout=240, cwd=ROOT,
+                               env={**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": rec["token_path"]})
+        assert other.returncode == 0 and "stopped idle worker" in other.stdout, other.stdout + other.stderr[-3000:]
+
+        def replaced():
+            """three idle workers of the other code, none of the old"""
+            idle = _idle(rec)
+            return sorted(idle.values()) == ["0000other0000000"] * 3 and not set(idle) & set(refilled)
+
+        _until(replaced)
+        assert not any(os.path.exists(f"/proc/{p}") for p in refilled)
+        refilled = list(_idle(rec))
         down = _fedray(env, "down")
         assert "stopped the `fedray up` Ray at " + rec["address"] in down.stdout
         assert not ray_up.cluster_pids(rec["temp_dir"])
