@@ -182,9 +182,10 @@ def spawn_refill(rec: dict, token_path: str | None = None) -> subprocess.Popen |
     count, port, temp = int(rec.get("idle_workers") or 0), rec.get("node_manager_port"), rec.get("temp_dir")
     if count <= 0 or not port or not temp or not Path(temp).is_dir():
         return None
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(RAY_AUTH_MODE="token", RAY_USAGE_STATS_ENABLED="0")
-    if token_path or rec.get("token_path"):
+    if token_path or rec.get("token_path"):  # the cluster's token file (else RAY_AUTH_TOKEN, as `up` had it)
+        env.pop("RAY_AUTH_TOKEN", None)
         env["RAY_AUTH_TOKEN_PATH"] = str(token_path or rec["token_path"])
     with open(Path(temp) / "fedray-refill.log", "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "fedray.core.warm_workers", "--temp-dir", temp,
