@@ -11,10 +11,12 @@ token authentication (:mod:`fedray.core.ray_env`); with ``local`` nothing of Ray
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import platform
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,6 +310,22 @@ def _resume_state(run: Run, engine: Engine, log) -> int:
 
 
 # ------------------------------------------------------------------------------------------- rounds
+@contextlib.contextmanager
+def _signals_deferred():
+    """SIGINT and SIGTERM wait until the block has run (in the main thread; elsewhere Python delivers no
+    signal anyway). Without it a Ctrl-C right after a round's metrics row was written, before the loop knew
+    the round was recorded, left the interruption's checkpoint unwritten (seen in CI)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a signal that came meanwhile is delivered now
+
+
 class RoundLoop:
     """Runs rounds ``start_round .. train.rounds`` on ``engine``, records each (ledger, metrics.jsonl),
     calls the callbacks; Ctrl-C or SIGTERM (``ray job stop``) ends it after recording the round in flight."""
@@ -318,11 +336,12 @@ class RoundLoop:
 
     def record(self, rnd: int, report: dict, t_round: float) -> None:
         ledger = report.pop("ledger")
-        self.run.rd.write_ledger(rnd, ledger)
-        report["failures"] = sum(1 for r in ledger if r["failure"])
-        report["wall_seconds"] = time.perf_counter() - t_round  # driver view: round trip + ledger write
-        self.run.rd.append_metrics(report)
-        self.result.rounds.append(report)
+        with _signals_deferred():  # ledger, metrics row and result agree even when Ctrl-C comes now
+            self.run.rd.write_ledger(rnd, ledger)
+            report["failures"] = sum(1 for r in ledger if r["failure"])
+            report["wall_seconds"] = time.perf_counter() - t_round  # driver view: round trip + ledger write
+            self.run.rd.append_metrics(report)
+            self.result.rounds.append(report)
         for cb in self.callbacks:
             if cb.on_round_end(self, report):
                 self.stopping = True
