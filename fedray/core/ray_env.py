@@ -39,11 +39,13 @@ import os
 import secrets
 import socket
 import stat
+import sys
 from pathlib import Path
 
 from fedray.core import warm_workers
 
-__all__ = ["RayConnectError", "ensure_ray", "local_ray_env", "local_token_path", "read_warm_record", "warm_record_path"]
+__all__ = ["RayConnectError", "current_node_id", "ensure_ray", "local_ray_env", "local_token_path", "read_warm_record",
+           "warm_record_path"]
 
 logger = logging.getLogger("fedray")
 
@@ -263,6 +265,12 @@ def _check_reachable(address: str, host: str, port: int) -> None:
                               f"not the dashboard's (8265)?") from None
     finally:
         channel.close()
+
+
+def current_node_id() -> str | None:
+    """The Ray node this process runs on; None where Ray is not imported or not initialized (in-process)."""
+    ray = sys.modules.get("ray")
+    return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
 
 
 # ------------------------------------------------------------------------------------------- entry point

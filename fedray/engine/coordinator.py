@@ -20,6 +20,7 @@ import numpy as np
 
 from fedray.algorithms import build_server_optimizer
 from fedray.core.procinfo import proc_status
+from fedray.core.ray_env import current_node_id
 from fedray.core.weights import weights_hash
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.evaluation import ShardedEvaluation
@@ -70,11 +71,7 @@ class Coordinator:
 
     def node_id(self) -> str | None:
         """The Ray node this actor runs on (None in-process, without Ray)."""
-        if self.cfg.engine.backend != "ray":
-            return None
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
+        return current_node_id() if self.cfg.engine.backend == "ray" else None
 
     def workers(self) -> list[dict]:
         """Every worker the pool has had: name, Ray node (None in-process) and state (live, starting, retired);

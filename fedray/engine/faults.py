@@ -17,11 +17,11 @@ replacements, retries and concurrent workers.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 from fedray.core.io import atomic_write_text
+from fedray.core.ray_env import current_node_id
 
 __all__ = ["FaultInjector", "HANG_S"]
 
@@ -62,9 +62,7 @@ class FaultInjector:
             os.close(os.open(f"{name}.taken", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:  # hung once already: this is the client's re-run
             return
-        ray = sys.modules.get("ray")
-        node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else "-"
-        atomic_write_text(name, node)
+        atomic_write_text(name, current_node_id() or "-")
         deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline:
             time.sleep(0.1)

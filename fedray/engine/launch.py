@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from fedray.core.errors import ConfigError
-from fedray.core.ray_env import ensure_ray
+from fedray.core.ray_env import current_node_id, ensure_ray
 
 __all__ = ["Actors", "CoordinatorHost", "EarlyStart", "coordinator_options", "early_start", "kill_actors",
            "start_actors"]
@@ -56,7 +56,7 @@ def coordinator_options(cfg, ray) -> dict:
     if e.coordinator_placement == "driver":
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        node = ray.get_runtime_context().get_node_id()
+        node = current_node_id()
         cpus = next((n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["NodeID"] == node), None)
         if cpus is not None and e.coordinator_num_cpus > cpus:
             raise ConfigError(f"engine.coordinator_placement: driver, but the driver's node has {cpus:g} CPUs for "

@@ -14,6 +14,7 @@ import os
 
 from fedray.algorithms.base import ClientHints
 from fedray.core.procinfo import proc_memory_mb
+from fedray.core.ray_env import current_node_id
 from fedray.engine.client.grouped import GroupedRuntime
 from fedray.engine.client.partial import run_partial_sum
 from fedray.engine.client.sequential import SequentialRuntime
@@ -51,10 +52,7 @@ class ClientWorker:
 
     def node_id(self) -> str | None:
         """The Ray node this worker runs on (None in-process, without Ray); the pool's start-up call."""
-        import sys
-
-        ray = sys.modules.get("ray")
-        return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
+        return current_node_id()
 
     def memory(self) -> dict:
         """This process's resident memory now and at peak (VmHWM), in MB (NaN where /proc is missing)."""
