@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fedray.core.io import atomic_write_text
 from fedray.core.ray_env import FEDRAY_DIR, local_ray_env, read_warm_record, warm_record_path
-from fedray.core.warm_workers import spawn_refill
+from fedray.core.warm_workers import head_process, spawn_refill
 
 __all__ = ["PRELOAD_MODULES", "cluster_pids", "down", "up"]
 
@@ -71,16 +71,6 @@ def cluster_pids(temp_dir: str) -> list[int]:
             out.add(pid)
             stack.extend(children.get(pid, []))
     return sorted(out)
-
-
-def _gcs_pid(temp_dir: str) -> int | None:
-    for pid in cluster_pids(temp_dir):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip().startswith("gcs_server"):
-                return pid
-        except OSError:
-            continue
-    return None
 
 
 def _stop(temp_dir: str, timeout: float = STOP_TIMEOUT_S) -> int:
@@ -130,7 +120,7 @@ def up(num_cpus: int | None = None, num_gpus: int | None = None, object_store_me
     cmd += [f"--num-gpus={int(num_gpus)}"] if num_gpus is not None else []
     cmd += [f"--object-store-memory={int(object_store_memory)}"] if object_store_memory else []
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    pid = _gcs_pid(temp)
+    pid = head_process(temp, "gcs_server")
     if out.returncode != 0 or pid is None:
         _stop(temp)
         shutil.rmtree(temp, ignore_errors=True)

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["KEEP_ALIVE_S", "WARM_CODE_ENV", "code_fingerprint", "idle_workers", "main", "refill", "runtime_env",
+__all__ = ["KEEP_ALIVE_S", "WARM_CODE_ENV", "code_fingerprint", "head_process", "idle_workers", "main", "refill", "runtime_env",
            "spawn_refill", "wait_ready"]
 
 #: The environment variable of a warm job and of the idle workers started for it.
@@ -80,13 +80,18 @@ def _read(path: str) -> bytes:
         return b""
 
 
-def _raylet_pid(temp_dir: str) -> int | None:
-    """The raylet of the head started with ``temp_dir`` (its command line holds the temp dir)."""
+def head_process(temp_dir: str, name: str) -> int | None:
+    """The process named ``name`` (its ``comm``, e.g. ``raylet`` or ``gcs_server``) of the head started with
+    ``temp_dir`` (its command line holds the temp dir)."""
     for d in os.listdir("/proc"):
-        if d.isdigit() and _read(f"/proc/{d}/comm").strip() == b"raylet" and \
+        if d.isdigit() and _read(f"/proc/{d}/comm").strip() == name.encode() and \
                 temp_dir.encode() in _read(f"/proc/{d}/cmdline"):
             return int(d)
     return None
+
+
+def _raylet_pid(temp_dir: str) -> int | None:
+    return head_process(temp_dir, "raylet")
 
 
 def idle_workers(raylet_pid: int) -> tuple[dict[int, str | None], dict[int, str | None]]:
@@ -166,7 +171,7 @@ def refill(temp_dir: str, port: int, count: int, *, deadline_s: float = REFILL_D
                 except ProcessLookupError:
                     pass
         mine = sum(code == fingerprint for code in ready.values())
-        if mine >= count or time.monotonic() > stop_at or _raylet_pid(temp_dir) != raylet:
+        if mine >= count or time.monotonic() > stop_at or not os.path.exists(f"/proc/{raylet}"):
             log(f"[fedray] refill: {mine} idle workers of code {fingerprint} ready (asked for {count})")
             return mine
         missing = count - mine - sum(code == fingerprint for code in starting.values())
