@@ -28,6 +28,13 @@ What to do with a failure is decided in one place, :class:`FailurePolicy`, as a 
   of a replacement that died before it was ready); losing a worker with ``engine.max_worker_restarts``
   restarts already made in the round aborts the run, and past the limit a dead replacement is not started
   again.
+- **Pipelining.** A worker may hold ``depth`` unpinned tasks at once (``pool.pipeline_depth``: 2 on Ray, 1
+  in-process): while it trains one, the next waits in its actor's queue, so it starts the moment the last one
+  ends instead of after the result's round trip through the coordinator (its transfer, the fold, the next
+  submission). A new task goes to the worker holding the fewest. When a worker dies, its death is handled
+  once (one replacement, one restart counted) and every task it held is taken back: the earliest submitted
+  (the one it was running) is treated as above, the ones queued behind it go back to the queue unchanged,
+  without a failed attempt or a ledger row. Pinned (split) tasks keep one per worker.
 - A client error that is a configuration error (``outcome.fatal``) aborts the run at once: no retry fixes it.
 - After a federated round, more dropped clients than ``engine.max_dropped_fraction`` of the sampled ones
   (default 0: any) abort the run, and so does a round in which every client was dropped
@@ -122,10 +129,11 @@ class Task:
 class TaskScheduler:
     """Runs tasks on ``pool`` for round ``rnd`` under ``policy``; keeps the round's ledger and counters.
 
-    One scheduler serves a whole round (the split program calls :meth:`run` once per local iteration)."""
+    One scheduler serves a whole round (the split program calls :meth:`run` once per local iteration).
+    ``depth``: tasks a worker holds at once (default ``pool.pipeline_depth``, else 1; always 1 when ``atomic``)."""
 
     def __init__(self, pool, policy: FailurePolicy, rnd: int, *, atomic: bool = False, record_success: bool = True,
-                 faults=None):
+                 faults=None, depth: int | None = None):
         self.pool, self.policy, self.rnd = pool, policy, int(rnd)
         self.faults = faults  # a FaultInjector (engine.fault_injection: coordinator_exit) or None
         self.atomic, self.record_success = atomic, record_success
@@ -135,7 +143,9 @@ class TaskScheduler:
         self.dropped: list[int] = []
         self.last_error: dict[int, str] = {}  # client id -> first line of its last error
         self.restarts0 = pool.restarts
-        self._idle: list[int] = []
+        self.depth = 1 if atomic else max(1, int(depth if depth is not None else getattr(pool, "pipeline_depth", 1)))
+        self._gen: dict[int, int] = defaultdict(int)  # slot -> replacements in place (a task's result from an
+        # earlier generation reports the death of a worker already replaced)
         self._known: set[int] = set()  # every slot seen live in this round (retired ones stay in it)
         self._retired: set[int] = set()
         self._moved: dict[int, int] = {}  # pinned slot -> the live slot its tasks run on now (split)
@@ -145,7 +155,7 @@ class TaskScheduler:
         self._queue: list = []  # heap of (first position, sequence, task): not yet admitted by ``may_start``
         self._ready: list = []  # heap of (-cost, first position, sequence, task): admitted, waiting for a worker
         self._seq = itertools.count()
-        self._inflight: dict = {}  # handle -> (worker, task)
+        self._inflight: dict = {}  # handle -> (worker, task, generation of the worker's slot, submission sequence)
         self._refill()
 
     @property
@@ -172,7 +182,7 @@ class TaskScheduler:
             self._refill()
             self._start(call, may_start)
             timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
-            if (self._queue or self._ready) and not self._inflight and not self._idle:  # no worker left
+            if (self._queue or self._ready) and not self._inflight and not self._free():  # no worker left
                 if not self.pool.await_worker(self._may_restart(), timeout):
                     if deadline is not None and time.perf_counter() >= deadline:
                         return
@@ -182,15 +192,17 @@ class TaskScheduler:
             if not ready and deadline is not None and time.perf_counter() >= deadline:
                 return
             for h in ready:
-                widx, task = self._inflight.pop(h)
+                entry = self._inflight.pop(h, None)
+                if entry is None:  # taken back when its worker's death was handled (_worker_lost)
+                    continue
+                widx, task, gen, seq = entry
                 t_get = time.perf_counter()
                 try:
                     outs = self.pool.result(h)
                 except WorkerLost as err:
-                    self._worker_lost(widx, task, err, on_drop, label)
+                    self._worker_lost(widx, task, err, on_drop, label, gen, seq)
                     continue
                 self.receive_seconds += time.perf_counter() - t_get
-                self._idle.append(widx)
                 if self.faults is not None:  # mid-round: tasks dispatched, nothing of this one folded yet
                     self.faults.coordinator(self.rnd)
                 if self.atomic:
@@ -202,7 +214,7 @@ class TaskScheduler:
 
     def cancel_rest(self) -> int:
         """Cancel what is still queued or running; returns the number of clients not finished."""
-        n = sum(len(t.items) for _, t in self._inflight.values()) + \
+        n = sum(len(entry[1].items) for entry in self._inflight.values()) + \
             sum(len(entry[-1].items) for entry in [*self._queue, *self._ready])
         if self._inflight:
             self.pool.cancel(list(self._inflight))
@@ -229,12 +241,21 @@ class TaskScheduler:
         return self.policy.worker_lost(self.worker_restarts) is FailureDecision.RETRY
 
     def _refill(self) -> None:
-        """Replacements that became ready join the idle workers."""
+        """Replacements that became ready join the round's workers."""
         self.pool.poll(self._may_restart())
-        for s in self.pool.slots:
-            if s not in self._known:
-                self._known.add(s)
-                self._idle.append(s)
+        self._known.update(self.pool.slots)
+
+    def _held(self) -> dict[int, int]:
+        """Tasks in flight per live worker (a task of an earlier generation of its slot does not count)."""
+        held = {w: 0 for w in self._known - self._retired}
+        for w, _, gen, _ in self._inflight.values():
+            if w in held and gen == self._gen[w]:
+                held[w] += 1
+        return held
+
+    def _free(self) -> list[int]:
+        """The live workers that can take a task now (fewer than ``depth`` in flight), in slot order."""
+        return [w for w, n in sorted(self._held().items()) if n < self.depth]
 
     def _owner(self, w: int, adopt: bool = True) -> int | None:
         """The live slot that runs the tasks pinned to slot ``w``: ``w`` itself, or (``w`` retired) the live slot
@@ -264,22 +285,25 @@ class TaskScheduler:
             first, seq, task = heapq.heappop(self._queue)
             heapq.heappush(self._ready, (-float(task.cost), first, seq, task))
         held = []
-        while self._idle and self._ready:
+        while self._ready:
+            load = self._held()
+            free = [w for w in sorted(load) if load[w] < self.depth]
+            if not free:
+                break
             entry = heapq.heappop(self._ready)
             task = entry[-1]
             if task.worker is not None:
                 widx = self._owner(task.worker)
-                if widx is None or widx not in self._idle:
+                if widx is None or widx not in free:
                     held.append(entry)
                     continue
-                self._idle.remove(widx)
                 self._pinned.add(task.worker)
                 if task.worker in self._replay_due:  # its clients' state died with the slot it ran on
                     self._replay_due.discard(task.worker)
                     task = replace(task, replay=True)
             else:
-                widx = self._idle.pop()
-            self._inflight[call(widx, task)] = (widx, task)
+                widx = min(free, key=lambda w: load[w])  # the fewest tasks in flight, then the lowest slot
+            self._inflight[call(widx, task)] = (widx, task, self._gen[widx], next(self._seq))
         for entry in held:
             heapq.heappush(self._ready, entry)
 
@@ -310,15 +334,32 @@ class TaskScheduler:
             on_drop(pos, cid)
         return False
 
-    def _worker_lost(self, widx: int, task: Task, err: WorkerLost, on_drop, label: str) -> None:
+    def _worker_lost(self, widx: int, task: Task, err: WorkerLost, on_drop, label: str, gen: int = 0,
+                     seq: int = 0) -> None:
+        """Worker ``widx`` died. Its death is handled once: the tasks it still held (pipelining) are taken back
+        at once; the earliest submitted of them was the one running (an actor runs its tasks in order) and is
+        charged as below; the others never started and go back to the queue as they were, without a ledger row."""
+        name = self.pool.name(widx)
+        if widx in self._retired or gen != self._gen[widx]:  # a report from a worker already handled (not expected:
+            self.push(task)  # its tasks were taken back): the task runs again, uncharged
+            return
         if self.policy.worker_lost(self.worker_restarts) is FailureDecision.ABORT_RUN:
             raise RunAborted(
                 f"round {self.rnd}: more than engine.max_worker_restarts={self.policy.max_worker_restarts} worker "
                 f"restarts; last error: {err}") from err
         held_here = {w for w in self._pinned if self._owner(w, adopt=False) == widx}  # state that lived on widx
-        name = self.pool.name(widx)
+        held = sorted([(seq, task)] + [(e[3], e[1]) for e in self._inflight.values() if e[0] == widx and e[2] == gen],
+                      key=lambda st: st[0])
+        taken = [h for h, e in self._inflight.items() if e[0] == widx and e[2] == gen]
+        for h in taken:
+            del self._inflight[h]
+        if taken:
+            self.pool.cancel(taken)
+        task = held[0][1]
+        for _, queued in held[1:]:
+            self.push(queued)
         if self.pool.replace(widx):
-            self._idle.append(widx)
+            self._gen[widx] += 1  # replaced in place: the slot takes tasks again
         else:
             self._retired.add(widx)
         self._replay_due |= held_here

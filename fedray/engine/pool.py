@@ -44,6 +44,7 @@ class PoolBase:
     in place (its slots are ``0 .. size-1`` for good): :class:`LocalPool`, the unit tests' fake pools."""
 
     size: int
+    pipeline_depth = 1  # tasks a worker holds at once (in-process tasks run at submit time: nothing to queue)
 
     @property
     def slots(self) -> list[int]:
@@ -125,6 +126,9 @@ class RayPool:
     stays retired, a replacement gets a new slot."""
 
     kind = "ray"
+    #: tasks the scheduler keeps queued on one actor: the next starts as the last ends, not after its result's
+    #: round trip through the coordinator (fedray.engine.dispatch, "Pipelining")
+    pipeline_depth = 2
 
     def __init__(self, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float, actors: list | None = None):
         """``actors``: workers already started with :meth:`start` (the driver starts them while the

@@ -381,3 +381,98 @@ def test_a_round_starts_with_the_replacements_that_are_ready_or_fails_with_none(
     pool.replace(2)
     with pytest.raises(RunAborted, match=r"round 4: no client worker left: workers lost: w0, w1, w2"):
         live_workers(pool, 4)
+
+
+# ------------------------------------------------------------------ pipelining: two tasks per worker (like RayPool)
+class _DiesWhole:
+    """A worker that dies takes every task it holds with it (the tasks queued behind the one that failed);
+    ``reverse``: ``wait`` reports the latest finished task first (the scheduler must not rely on the order);
+    ``batch``: it reports every task at once (a task taken back with its dead worker is among them)."""
+
+    pipeline_depth = 2
+    reverse = batch = False
+
+    def submit(self, widx, items, replay=False):
+        h = super().submit(widx, items, replay)
+        h.life = (widx, self.restarts)
+        self.held = getattr(self, "held", {})
+        self.held[widx] = self.held.get(widx, 0) + 1
+        self.max_held = max(getattr(self, "max_held", 0), self.held[widx])
+        if isinstance(h.what, str) and h.what == "lost":
+            self.dead = getattr(self, "dead", set()) | {h.life}
+        return h
+
+    def wait(self, handles, timeout=None):  # one finished task, or (batch) like Ray's: every one finished at once
+        handles = handles[::-1] if self.reverse else list(handles)
+        return handles if self.batch else handles[:1]
+
+    def result(self, h):
+        self.held[h.widx] -= 1
+        if h.life in getattr(self, "dead", set()):
+            raise WorkerLost(f"w{h.widx} died")
+        return super().result(h)
+
+    def cancel(self, handles):
+        super().cancel(handles)
+        for h in handles:
+            self.held[h.widx] -= 1
+
+
+class PipelinedPool(_DiesWhole, FakePool):
+    pass
+
+
+class PipelinedShrinkingPool(_DiesWhole, ShrinkingPool):
+    pass
+
+
+def test_pipelined_workers_take_a_second_task_before_the_first_returns():
+    """With depth 2, four tasks are out before any result comes back (two per worker), a new task goes to the
+    worker holding the fewest (then the lowest slot), and the largest-first order still holds."""
+    pool = PipelinedPool(size=2)
+    costs = [5, 40, 5, 90, 12]
+    tasks = [Task(((p, 10 + p),), cost=c) for p, c in enumerate(costs)]
+    got, returned_at_submit = [], []
+
+    def call(widx, task):
+        returned_at_submit.append(len(got))
+        return pool.submit(widx, task.items)
+
+    sched = TaskScheduler(pool, FailurePolicy(1, 5), rnd=1)
+    assert sched.depth == 2
+    sched.run(tasks, call, got.append)
+    assert [(w, items[0][0]) for w, items, _ in pool.submitted] == [(0, 3), (1, 1), (0, 4), (1, 0), (0, 2)]
+    assert returned_at_submit == [0, 0, 0, 0, 1] and pool.max_held == 2
+    assert sorted(o.pos for o in got) == [0, 1, 2, 3, 4]
+    assert TaskScheduler(pool, FailurePolicy(1, 5), rnd=1, atomic=True).depth == 1  # pinned: one at a time
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["running-task-reports-first", "queued-task-reports-first"])
+def test_a_worker_dying_with_two_tasks_is_replaced_once_and_only_the_running_task_is_charged(reverse):
+    """Worker 0 dies running client 10's task, with client 12's queued behind it: one replacement, one restart
+    counted (max_worker_restarts=1 is not exceeded by the second task's report), one failed attempt and one
+    ledger row for client 10 only; client 12, which never started, runs later as its first attempt. The same
+    when the queued task's failure is reported first."""
+    pool = PipelinedPool(size=2, behaviour=lambda widx, items, attempt: "lost" if items[0][1] == 10 and attempt == 1
+                         else "ok")  # client 10's first task (worker 0); client 12 waits behind it
+    pool.reverse = pool.batch = reverse
+    sched, got, dropped = _run(pool, _tasks([10, 11, 12, 13, 14]), FailurePolicy(max_client_retries=0,
+                                                                                 max_worker_restarts=1))
+    assert [items[0][1] for w, items, _ in pool.submitted[:4]] == [10, 11, 12, 13] and pool.submitted[2][0] == 0
+    assert dropped == [(0, 10)] and sorted(o.cid for o in got) == [11, 12, 13, 14]
+    assert pool.replaced == [0] and sched.worker_restarts == 1 and sched.retries == 0
+    (row,) = [r for r in sched.ledger if r.failure]
+    assert row.client == 10 and row.failure.startswith("worker lost: ") and row.attempt == 1
+    assert {r.client: r.attempt for r in sched.ledger if r.failure is None}[12] == 1
+
+
+def test_a_pipelined_worker_lost_for_good_is_retired_once():
+    """Like Ray: the dead worker's slot is retired once (ShrinkingPool asserts it is not reported lost again),
+    its queued task moves to the worker left, and only the running task's client has a failed attempt."""
+    pool = PipelinedShrinkingPool(size=2, behaviour=_lost_once(1))
+    sched, got, _ = _run(pool, _tasks([10, 11, 12, 13, 14, 15]), FailurePolicy(max_client_retries=1,
+                                                                               max_worker_restarts=1))
+    assert sorted(o.cid for o in got) == [10, 11, 12, 13, 14, 15]
+    assert pool.replaced == [1] and pool.slots == [0] and sched.worker_restarts == 1
+    assert [r.client for r in sched.ledger if r.failure] == [11]
+    assert all(w == 0 for w, _, _ in pool.submitted[4:])
