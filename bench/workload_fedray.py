@@ -3,7 +3,8 @@
     python bench/workload_fedray.py --workload W1 [--backend ray|local] [--workers 2] [--warm] [--fold-group G]
 
 Same data, partition, model, local training, sampling and FedAvg as the floor (bench/workload_floor.py);
-evaluation only after the last round; 2 client workers with 1 CPU and 1 torch thread each.
+evaluation only after the last round; 2 client workers with 1 CPU and 1 torch thread each. The process
+ends as ``fedray run`` does (:func:`fedray.core.process_exit.leave`).
 """
 
 from __future__ import annotations
@@ -80,3 +81,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+    from fedray.core.process_exit import leave
+
+    leave(0)  # the process ends as `fedray run`'s does (fedray.cli.console): without the interpreter's teardown

@@ -1,8 +1,6 @@
-"""``python -m fedray ...``: the ``fedray`` command line (:func:`fedray.cli.main`), same exit status."""
+"""``python -m fedray ...``: the ``fedray`` command line (:func:`fedray.cli.console`), same exit status."""
 
-import sys
-
-from fedray.cli import main
+from fedray.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
