@@ -195,7 +195,7 @@ def _warm_settle(rec: dict) -> None:
 
     t = time.perf_counter()
     ready = wait_ready(rec["temp_dir"], int(rec.get("idle_workers") or 0))
-    time.sleep(2.0)  # a worker is titled IDLE before its preload ends; the refill process exits
+    time.sleep(0.5)  # the refill process exits (wait_ready has waited for the workers' preload to end)
     print(f"  (warm cluster: {ready} idle workers ready after {time.perf_counter() - t:.1f} s)", file=sys.stderr)
 
 

@@ -1,10 +1,11 @@
-"""Process memory read from /proc by the process itself (coordinator, workers, sweep drivers)."""
+"""Process memory and CPU time read from /proc (coordinator, workers, sweep drivers, `fedray up`'s idle workers)."""
 
 from __future__ import annotations
 
 import math
+import os
 
-__all__ = ["proc_memory_mb", "proc_status"]
+__all__ = ["proc_cpu_seconds", "proc_memory_mb", "proc_status"]
 
 
 def proc_memory_mb(pid: int) -> tuple[float, float]:
@@ -26,3 +27,13 @@ def proc_status(pid: int) -> dict[str, float]:
     except (OSError, ValueError):
         pass
     return out
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds process ``pid`` has used, from /proc/<pid>/stat; None when unreadable."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from fedray.core.procinfo import proc_cpu_seconds
+
 __all__ = ["KEEP_ALIVE_S", "WARM_CODE_ENV", "code_fingerprint", "head_process", "idle_workers", "main", "refill", "runtime_env",
            "spawn_refill", "wait_ready"]
 
@@ -120,15 +122,27 @@ def idle_workers(raylet_pid: int) -> tuple[dict[int, str | None], dict[int, str 
     return ready, starting
 
 
-def wait_ready(temp_dir: str, count: int, timeout: float = 120.0) -> int:
-    """Wait until ``count`` idle workers of this code are ready on the head of ``temp_dir`` (a benchmark starts
-    its clock only then) or ``timeout`` passes; how many are ready."""
+def wait_ready(temp_dir: str, count: int, timeout: float = 120.0, quiet_s: float = 0.6) -> int:
+    """Wait until ``count`` idle workers of this code are ready on the head of ``temp_dir`` and done with their
+    preload (a benchmark starts its clock only then), or ``timeout`` passes; how many are ready. The raylet
+    titles a worker ``ray::IDLE`` before its preload (torch, fedray) has finished, so "done" is read off
+    its CPU time: grown by at most 50 ms over ``quiet_s``."""
     fingerprint, stop_at = code_fingerprint(), time.monotonic() + timeout
+    seen: dict[int, tuple[float | None, float]] = {}  # pid -> (CPU seconds, since when)
     while True:
         raylet = _raylet_pid(temp_dir)
-        ready = sum(code == fingerprint for code in idle_workers(raylet)[0].values()) if raylet else 0
-        if ready >= count or raylet is None or time.monotonic() > stop_at:
-            return ready
+        pids = [pid for pid, code in idle_workers(raylet)[0].items() if code == fingerprint] if raylet else []
+        now, busy = time.monotonic(), 0
+        for pid in pids:
+            cpu = proc_cpu_seconds(pid)
+            last = seen.get(pid)
+            if last is None or cpu is None or last[0] is None or cpu - last[0] > 0.05:
+                seen[pid] = (cpu, now)
+                busy += 1
+            elif now - last[1] < quiet_s:
+                busy += 1
+        if (len(pids) >= count and not busy) or raylet is None or now > stop_at:
+            return len(pids)
         time.sleep(0.2)
 
 

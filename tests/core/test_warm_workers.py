@@ -90,3 +90,26 @@ def test_no_refill_without_idle_workers(tmp_path):
     """A record that asks for no idle workers (or an older record without the raylet's port) starts nothing."""
     assert warm_workers.spawn_refill({"idle_workers": 0, "node_manager_port": 1, "temp_dir": str(tmp_path)}) is None
     assert warm_workers.spawn_refill({"idle_workers": 3, "temp_dir": str(tmp_path)}) is None
+
+
+def test_wait_ready_waits_for_the_preload_to_finish(tmp_path, monkeypatch):
+    """The raylet titles a worker ray::IDLE before its preload ends: wait_ready returns only once the idle
+    worker's CPU time stops growing (here: a stand-in that computes for 1 CPU-second, then waits)."""
+    from fedray.core.procinfo import proc_cpu_seconds
+
+    monkeypatch.setattr(warm_workers, "_raylet_pid", lambda temp_dir: os.getpid())
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_JOB_ID", warm_workers.WARM_CODE_ENV)}
+    env = {**base, "RAY_JOB_ID": "ffffffff", warm_workers.WARM_CODE_ENV: warm_workers.code_fingerprint()}
+    code = "import sys, time\nwhile time.process_time() < 1.0:\n    pass\nsys.stdin.read()"
+    kid = subprocess.Popen(["bash", "-c", f"exec -a ray::IDLE {sys.executable} -c '{code}'"], stdin=subprocess.PIPE,
+                           env=env)
+    try:
+        t0 = time.monotonic()
+        assert warm_workers.wait_ready(str(tmp_path), 1, timeout=60) == 1
+        waited = time.monotonic() - t0
+        cpu = proc_cpu_seconds(kid.pid)
+        assert cpu is not None and cpu >= 0.95 and waited >= 0.95, (cpu, waited)  # after the computing, not at the title
+    finally:
+        kid.stdin.close()
+        kid.wait(timeout=30)
+    assert proc_cpu_seconds(kid.pid) is None  # gone
