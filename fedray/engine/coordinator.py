@@ -25,6 +25,7 @@ from fedray.core.weights import weights_hash
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.evaluation import ShardedEvaluation
 from fedray.engine.faults import FaultInjector
+from fedray.engine.outcomes import InStore
 from fedray.engine.pool import LocalPool, RayPool
 from fedray.engine.programs import program_for
 from fedray.engine.replica import Replica, coordinator_device, worker_spec
@@ -46,6 +47,11 @@ class Coordinator:
         self.server_opt = build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
         self.weights = rp.flat.read()
         self.algo_state = self.algorithm.init_state(self.weights)
+        test_ref = None
+        if isinstance(test_data, InStore):  # the driver's copy in the object store: evaluation tasks use it as is
+            import ray
+
+            test_ref, test_data = test_data.ref, ray.get(test_data.ref)
         self.test = test_data
         self.ema: float | None = None
         self.round = 0
@@ -59,7 +65,7 @@ class Coordinator:
             num_params=int(rp.flat.layout.size), model=rp.model, meta=rp.meta,
             class_counts=rp.store.class_counts(), device=rp.device,
             faults=FaultInjector(cfg.engine.fault_injection, run_dir))
-        self.evaluation = ShardedEvaluation(self.pool, cfg, test_data, rp.meta)
+        self.evaluation = ShardedEvaluation(self.pool, cfg, test_data, rp.meta, test_ref=test_ref)
 
     # ------------------------------------------------------------------------------- API
     def ready(self) -> dict:

@@ -1,8 +1,9 @@
 """Evaluation of the global model sharded over the client workers.
 
 The test split is cut into fixed shards by index, one evaluation batch (``eval.batch_size`` examples) each,
-so the shards depend on the split and the batch size only, never on the number of workers. The coordinator
-puts the test split into the object store once and the round's weights once per evaluation; each worker
+so the shards depend on the split and the batch size only, never on the number of workers. The test split is
+in the object store once (the driver's copy, or put at the first evaluation) and the round's weights are
+put once per evaluation; each worker
 evaluates the shards of its task on its replica (:func:`evaluate_shards`) and returns, per shard, the batch's
 cross-entropy sum, the per-example correct flags and, for the feature analysis, the embeddings. The
 coordinator reduces them in shard order (:func:`fedray.metrics.reduce_evaluation`): the float64 loss sum
@@ -57,9 +58,11 @@ def evaluate_shards(replica, weights, test: dict, shards: list, analysis: bool, 
 class ShardedEvaluation:
     """Coordinator side: evaluate weights on the test split over ``pool``'s workers (module docstring)."""
 
-    def __init__(self, pool, cfg, test: dict, meta):
+    def __init__(self, pool, cfg, test: dict, meta, test_ref=None):
+        """``test_ref``: ``test`` already in the pool's object store (the driver put it); else it is put at the
+        first evaluation."""
         self.pool, self.cfg, self.test, self.meta = pool, cfg, test, meta
-        self._test_ref = None  # the test split in the object store, put at the first evaluation
+        self._test_ref = test_ref
 
     def run(self, rnd: int, weights: np.ndarray, analysis: bool = False) -> tuple[dict, dict]:
         """(metrics as :func:`fedray.metrics.evaluate` gives them, counters: retries and worker restarts)."""

@@ -10,7 +10,16 @@ import numpy as np
 
 from fedray.core.errors import ConfigError
 
-__all__ = ["ClientOutcome", "EvalOutcome", "GroupOutcome", "SplitOutcome", "WorkerLost", "error_text", "is_fatal"]
+__all__ = ["ClientOutcome", "EvalOutcome", "GroupOutcome", "InStore", "SplitOutcome", "WorkerLost", "error_text",
+           "is_fatal"]
+
+
+@dataclass(frozen=True)
+class InStore:
+    """An object already in Ray's object store, handed to an actor by reference: a bare ``ObjectRef`` argument
+    would arrive resolved, and the actor could only pass it on by putting a second copy."""
+
+    ref: object
 
 
 class WorkerLost(RuntimeError):

@@ -33,6 +33,7 @@ from fedray.engine.coordinator import Coordinator
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.faults import FaultInjector
 from fedray.engine.launch import Actors, EarlyStart, coordinator_options, early_start, kill_actors, start_actors  # noqa: F401
+from fedray.engine.outcomes import InStore
 from fedray.engine.pool import default_num_workers
 from fedray.engine.replica import worker_spec
 from fedray.engine.state import ClientStateStore
@@ -202,7 +203,7 @@ class Engine:
         self.workers, self.coord = actors.workers, actors.coord
         spec = worker_spec(self.cfg_dict, str(run.store.path), run.state_path, str(run.rd.path), actors.worker_gpus)
         self._setups = [self.coord.setup.remote(self.cfg_dict, str(run.store.path), str(run.rd.path),
-                                                ray.put(self.test), actors.num_workers, actors.worker_cpus,
+                                                InStore(ray.put(self.test)), actors.num_workers, actors.worker_cpus,
                                                 actors.worker_gpus, run.state_path, self.workers),
                         *[w.setup.remote(spec) for w in self.workers]]
 

@@ -99,3 +99,25 @@ def test_a_shard_that_keeps_failing_aborts_the_round(setup):
     with pytest.raises(RoundAborted, match=r"round 4: item 2 \(an evaluation shard\) failed 2 times"):
         ShardedEvaluation(pool, rp.cfg, test, meta).run(4, weights)
     assert sum(2 in shards for _, shards in pool.submitted) == 2  # retried once (max_client_retries=1), no drop
+
+
+def test_a_test_split_already_in_the_store_is_not_put_again(setup):
+    """The driver puts the test split into the object store for the coordinator; the evaluation hands that
+    reference to the workers instead of putting a second copy (only the round's weights are put)."""
+    _, _, weights, test, meta = setup
+    rp = replica(setup, 100)
+
+    class Counting(Pool):
+        def put(self, obj):
+            self.puts = getattr(self, "puts", []) + [type(obj).__name__]
+            return obj
+
+    given = Counting(rp, 2, 0)
+    ShardedEvaluation(given, rp.cfg, test, meta, test_ref=test).run(1, weights)
+    ShardedEvaluation(given, rp.cfg, test, meta, test_ref=test).run(2, weights)
+    assert given.puts == ["ndarray", "ndarray"]  # the weights of each evaluation, never the split
+    own = Counting(rp, 2, 0)
+    ev = ShardedEvaluation(own, rp.cfg, test, meta)
+    ev.run(1, weights)
+    ev.run(2, weights)
+    assert own.puts == ["dict", "ndarray", "ndarray"]  # without one: the split once, at the first evaluation
