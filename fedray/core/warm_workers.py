@@ -42,6 +42,8 @@ __all__ = ["KEEP_ALIVE_S", "WARM_CODE_ENV", "code_fingerprint", "head_process", 
 WARM_CODE_ENV = "FEDRAY_WARM_CODE"
 #: How long the raylet keeps an idle worker it was asked for (it may stop idle workers sooner otherwise).
 KEEP_ALIVE_S = 30 * 24 * 3600
+#: How long a refill waits for the workers it asked for to show up before it asks again.
+PRESTART_GRACE_S = 3.0
 #: A refill gives up after this long (a busy node whose CPUs never free up).
 REFILL_DEADLINE_S = 300.0
 _PACKAGE = Path(__file__).resolve().parents[1]  # fedray/
@@ -188,10 +190,26 @@ def refill(temp_dir: str, port: int, count: int, *, deadline_s: float = REFILL_D
         if mine >= count or time.monotonic() > stop_at or not os.path.exists(f"/proc/{raylet}"):
             log(f"[fedray] refill: {mine} idle workers of code {fingerprint} ready (asked for {count})")
             return mine
-        missing = count - mine - sum(code == fingerprint for code in starting.values())
+        # a worker the raylet has just forked shows no FEDRAY_WARM_CODE for a moment: starting ones count as this
+        # code's unless they show another (asking for them again started one worker too many)
+        missing = count - mine - sum(code in (None, fingerprint) for code in starting.values())
         if missing > 0:
             _prestart(port, missing, fingerprint)
-        time.sleep(0.5)
+            _await_new(raylet, set(ready) | set(starting), missing, PRESTART_GRACE_S)
+        else:
+            time.sleep(0.5)
+
+
+def _await_new(raylet: int, known: set[int], n: int, timeout: float) -> None:
+    """After asking the raylet for ``n`` workers: wait until ``n`` new worker processes show up, or ``timeout``
+    (it forks them when it gets to it, and drops what exceeds its start-up concurrency). Asking again before
+    they show up would start more than asked for."""
+    stop_at = time.monotonic() + timeout
+    while time.monotonic() < stop_at:
+        time.sleep(0.2)
+        ready, starting = idle_workers(raylet)
+        if len((set(ready) | set(starting)) - known) >= n:
+            return
 
 
 def spawn_refill(rec: dict, token_path: str | None = None) -> subprocess.Popen | None:

@@ -113,3 +113,32 @@ def test_wait_ready_waits_for_the_preload_to_finish(tmp_path, monkeypatch):
         kid.stdin.close()
         kid.wait(timeout=30)
     assert proc_cpu_seconds(kid.pid) is None  # gone
+
+
+def test_refill_counts_just_forked_workers_and_never_asks_for_more_than_missing(tmp_path, monkeypatch):
+    """A worker the raylet has just forked shows no code for a moment: the refill counts it as one of its own
+    (asking again for it started a fourth worker for three wanted), waits for what it asked for to show up,
+    and stops once the workers it wanted are ready."""
+    fp = warm_workers.code_fingerprint()
+    states = iter([
+        ({}, {}),  # nothing yet: ask for 3
+        ({}, {101: None}), ({}, {101: None, 102: None}),  # two forked, code not visible yet; the third dropped
+        ({}, {101: None, 102: None}), ({}, {101: None, 102: None}),
+        ({101: fp, 102: fp}, {}),  # ready: ask for the one missing
+        ({101: fp, 102: fp}, {103: None}),
+        ({101: fp, 102: fp}, {103: fp}),
+        ({101: fp, 102: fp, 103: fp}, {}),
+    ])
+    last = [({}, {})]
+
+    def scripted(raylet):
+        last[0] = next(states, last[0])
+        return last[0]
+
+    asks = []
+    monkeypatch.setattr(warm_workers, "_raylet_pid", lambda temp_dir: os.getpid())
+    monkeypatch.setattr(warm_workers, "idle_workers", scripted)
+    monkeypatch.setattr(warm_workers, "_prestart", lambda port, n, fingerprint: asks.append(n))
+    monkeypatch.setattr(warm_workers, "PRESTART_GRACE_S", 0.5)
+    assert warm_workers.refill(str(tmp_path), 1, 3, deadline_s=60, log=lambda *a: None) == 3
+    assert asks == [3, 1]
