@@ -144,8 +144,6 @@ class TaskScheduler:
         self.last_error: dict[int, str] = {}  # client id -> first line of its last error
         self.restarts0 = pool.restarts
         self.depth = 1 if atomic else max(1, int(depth if depth is not None else getattr(pool, "pipeline_depth", 1)))
-        self._gen: dict[int, int] = defaultdict(int)  # slot -> replacements in place (a task's result from an
-        # earlier generation reports the death of a worker already replaced)
         self._known: set[int] = set()  # every slot seen live in this round (retired ones stay in it)
         self._retired: set[int] = set()
         self._moved: dict[int, int] = {}  # pinned slot -> the live slot its tasks run on now (split)
@@ -155,7 +153,7 @@ class TaskScheduler:
         self._queue: list = []  # heap of (first position, sequence, task): not yet admitted by ``may_start``
         self._ready: list = []  # heap of (-cost, first position, sequence, task): admitted, waiting for a worker
         self._seq = itertools.count()
-        self._inflight: dict = {}  # handle -> (worker, task, generation of the worker's slot, submission sequence)
+        self._inflight: dict = {}  # handle -> (worker, task, submission sequence)
         self._refill()
 
     @property
@@ -195,12 +193,12 @@ class TaskScheduler:
                 entry = self._inflight.pop(h, None)
                 if entry is None:  # taken back when its worker's death was handled (_worker_lost)
                     continue
-                widx, task, gen, seq = entry
+                widx, task, seq = entry
                 t_get = time.perf_counter()
                 try:
                     outs = self.pool.result(h)
                 except WorkerLost as err:
-                    self._worker_lost(widx, task, err, on_drop, label, gen, seq)
+                    self._worker_lost(widx, task, err, on_drop, label, seq)
                     continue
                 self.receive_seconds += time.perf_counter() - t_get
                 if self.faults is not None:  # mid-round: tasks dispatched, nothing of this one folded yet
@@ -246,16 +244,16 @@ class TaskScheduler:
         self._known.update(self.pool.slots)
 
     def _held(self) -> dict[int, int]:
-        """Tasks in flight per live worker (a task of an earlier generation of its slot does not count)."""
+        """Tasks in flight per live worker (a dead worker's tasks were taken back when its death was handled)."""
         held = {w: 0 for w in self._known - self._retired}
-        for w, _, gen, _ in self._inflight.values():
-            if w in held and gen == self._gen[w]:
-                held[w] += 1
+        for w, _, _ in self._inflight.values():
+            held[w] += 1
         return held
 
-    def _free(self) -> list[int]:
+    def _free(self, held: dict[int, int] | None = None) -> list[int]:
         """The live workers that can take a task now (fewer than ``depth`` in flight), in slot order."""
-        return [w for w, n in sorted(self._held().items()) if n < self.depth]
+        held = self._held() if held is None else held
+        return [w for w in sorted(held) if held[w] < self.depth]
 
     def _owner(self, w: int, adopt: bool = True) -> int | None:
         """The live slot that runs the tasks pinned to slot ``w``: ``w`` itself, or (``w`` retired) the live slot
@@ -287,7 +285,7 @@ class TaskScheduler:
         held = []
         while self._ready:
             load = self._held()
-            free = [w for w in sorted(load) if load[w] < self.depth]
+            free = self._free(load)
             if not free:
                 break
             entry = heapq.heappop(self._ready)
@@ -303,7 +301,7 @@ class TaskScheduler:
                     task = replace(task, replay=True)
             else:
                 widx = min(free, key=lambda w: load[w])  # the fewest tasks in flight, then the lowest slot
-            self._inflight[call(widx, task)] = (widx, task, self._gen[widx], next(self._seq))
+            self._inflight[call(widx, task)] = (widx, task, next(self._seq))
         for entry in held:
             heapq.heappush(self._ready, entry)
 
@@ -334,33 +332,28 @@ class TaskScheduler:
             on_drop(pos, cid)
         return False
 
-    def _worker_lost(self, widx: int, task: Task, err: WorkerLost, on_drop, label: str, gen: int = 0,
-                     seq: int = 0) -> None:
+    def _worker_lost(self, widx: int, task: Task, err: WorkerLost, on_drop, label: str, seq: int = 0) -> None:
         """Worker ``widx`` died. Its death is handled once: the tasks it still held (pipelining) are taken back
         at once; the earliest submitted of them was the one running (an actor runs its tasks in order) and is
         charged as below; the others never started and go back to the queue as they were, without a ledger row."""
         name = self.pool.name(widx)
-        if widx in self._retired or gen != self._gen[widx]:  # a report from a worker already handled (not expected:
-            self.push(task)  # its tasks were taken back): the task runs again, uncharged
-            return
         if self.policy.worker_lost(self.worker_restarts) is FailureDecision.ABORT_RUN:
             raise RunAborted(
                 f"round {self.rnd}: more than engine.max_worker_restarts={self.policy.max_worker_restarts} worker "
                 f"restarts; last error: {err}") from err
         held_here = {w for w in self._pinned if self._owner(w, adopt=False) == widx}  # state that lived on widx
-        held = sorted([(seq, task)] + [(e[3], e[1]) for e in self._inflight.values() if e[0] == widx and e[2] == gen],
-                      key=lambda st: st[0])
-        taken = [h for h, e in self._inflight.items() if e[0] == widx and e[2] == gen]
+        taken = [h for h, e in self._inflight.items() if e[0] == widx]
+        held = [(seq, task)]
         for h in taken:
-            del self._inflight[h]
+            _, queued, queued_seq = self._inflight.pop(h)
+            held.append((queued_seq, queued))
+        held.sort(key=lambda st: st[0])
         if taken:
             self.pool.cancel(taken)
         task = held[0][1]
         for _, queued in held[1:]:
             self.push(queued)
-        if self.pool.replace(widx):
-            self._gen[widx] += 1  # replaced in place: the slot takes tasks again
-        else:
+        if not self.pool.replace(widx):  # False: retired (Ray); True: replaced in place, the slot takes tasks again
             self._retired.add(widx)
         self._replay_due |= held_here
         for item in task.items:
