@@ -309,8 +309,59 @@ def ensure_ray(object_store_memory: int | None = None, *, address: str | None = 
     if object_store_memory:
         kwargs["object_store_memory"] = int(object_store_memory)
     kwargs.update(init_kwargs)
-    ray.init(**kwargs)
+    _init_lean_head(ray, kwargs)
     return True
+
+
+def _init_lean_head(ray, kwargs: dict) -> None:
+    """``ray.init(**kwargs)`` of a private local instance, without the two head processes such an instance
+    never uses: the autoscaler monitor (a single node, no autoscaling config) and the dashboard's API server
+    (which, with ``include_dashboard=False``, serves only Ray's usage-stats module, and usage stats are
+    off). Ray 2.60 starts both on every ``ray.init``; together they cost about 2.4 CPU-seconds of start-up on
+    the same cores the driver and the actors import torch on, the API server is waited for (about 1.3 s)
+    before the raylet starts, and both keep polling during the rounds. Everything else starts as usual:
+    the GCS, the raylet with its dashboard and runtime-env agents, and the log monitor (workers' output still
+    reaches the driver). Ray offers no switch for the two on ``ray.init``, so its node class is swapped for
+    a subclass during this one call (``ray start --head`` has ``--no-monitor``; a joined cluster is not ours
+    to change). On a Ray without these hooks the start is the plain one."""
+    import ray._private.node as ray_node
+
+    base = ray_node.Node
+    lean = _lean_head_class(base)
+    if lean is None:
+        ray.init(**kwargs)
+        return
+    ray_node.Node = lean
+    try:
+        ray.init(**kwargs)
+    finally:
+        ray_node.Node = base
+
+
+_LEAN_HEADS: dict = {}
+
+
+def _lean_head_class(base):
+    """The subclass of Ray's ``Node`` that :func:`_init_lean_head` starts; None when ``base`` lacks the hooks
+    it relies on (another Ray version)."""
+    import inspect
+
+    from ray._private.parameter import RayParams
+
+    if not callable(getattr(base, "start_api_server", None)) or \
+            "no_monitor" not in inspect.signature(RayParams).parameters:
+        return None
+    if base not in _LEAN_HEADS:
+        class LeanHead(base):
+            def __init__(self, ray_params, *args, **kw):
+                ray_params.no_monitor = True  # read by the head's start only
+                super().__init__(ray_params, *args, **kw)
+
+            def start_api_server(self, **kw):
+                return None
+
+        _LEAN_HEADS[base] = LeanHead
+    return _LEAN_HEADS[base]
 
 
 def _connect(ray, address: str, log_to_driver: bool, init_kwargs: dict) -> None:

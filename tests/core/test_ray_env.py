@@ -84,6 +84,25 @@ def test_local_ray_listens_on_loopback_only(ray_session):
     assert ray_session.get_runtime_context().gcs_address.startswith("127.0.0.1:")
 
 
+def test_local_ray_starts_no_monitor_or_api_server(ray_session):
+    """fedray's private local Ray (the session's, started by ``ensure_ray``) runs without the autoscaler
+    monitor and the dashboard's API server, and with everything else: GCS, raylet, both agents, the log
+    monitor. Fails on a plain ``ray.init`` (both are started) and on a Ray whose hooks changed."""
+    import psutil
+    import ray._private.worker as ray_worker
+    from ray._private import ray_constants as rc
+
+    started = set(ray_worker._global_node.all_processes)
+    assert rc.PROCESS_TYPE_MONITOR not in started and rc.PROCESS_TYPE_DASHBOARD not in started, started
+    assert {rc.PROCESS_TYPE_GCS_SERVER, rc.PROCESS_TYPE_RAYLET, rc.PROCESS_TYPE_LOG_MONITOR} <= started, started
+    me = psutil.Process()
+    cmdlines = [" ".join(p.cmdline()) for p in me.children(recursive=True) if p.is_running()]
+    scripts = {s for s in ("dashboard/dashboard.py", "autoscaler/_private/monitor.py", "dashboard/agent.py",
+                           "runtime_env/agent/main.py", "_private/log_monitor.py")
+               if any(s in c for c in cmdlines)}
+    assert scripts == {"dashboard/agent.py", "runtime_env/agent/main.py", "_private/log_monitor.py"}, cmdlines
+
+
 def test_local_ray_keeps_token_auth_on(ray_session):
     """The session's Ray runs with RAY_AUTH_MODE=token and fedray's 0600 token; a client without the token,
     or with another one, is refused within seconds with a message saying what to set."""
