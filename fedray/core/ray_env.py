@@ -323,7 +323,12 @@ def _init_lean_head(ray, kwargs: dict) -> None:
     the GCS, the raylet with its dashboard and runtime-env agents, and the log monitor (workers' output still
     reaches the driver). Ray offers no switch for the two on ``ray.init``, so its node class is swapped for
     a subclass during this one call (``ray start --head`` has ``--no-monitor``; a joined cluster is not ours
-    to change). On a Ray without these hooks the start is the plain one."""
+    to change). On a Ray without these hooks the start is the plain one.
+
+    One visible trace of the missing API server: the dashboard agent's event module looks for its address
+    once a second and logs "Get dashboard http address failed" to the session's ``dashboard_agent.log``
+    (about 0.6 kB a second; Ray rotates that log). Nothing reads it; the events it would forward are the
+    ones the usage-stats-only API server had no route for anyway."""
     import ray._private.node as ray_node
 
     base = ray_node.Node
