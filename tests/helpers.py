@@ -156,24 +156,29 @@ def pids_matching(text: str) -> list[int]:
 
 def terminate_matching(text: str) -> None:
     """SIGTERM, then SIGKILL after 15 s, every process whose command line contains ``text`` (a head's own
-    temp dir: a plain `ray stop` would also stop other people's Ray)."""
+    temp dir: a plain `ray stop` would also stop other people's Ray) and their descendants, found before any
+    is signalled (Ray retitles its agents and workers, and they outlive a killed raylet)."""
     import os
     import signal
     import time
 
-    for pid in pids_matching(text):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + 15
-    while pids_matching(text) and time.time() < deadline:
-        time.sleep(0.2)
-    for pid in pids_matching(text):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    from fedray.core.procinfo import proc_runs, proc_start_ticks
+    from fedray.core.ray_up import cluster_pids
+
+    marks = {pid: proc_start_ticks(pid) for pid in cluster_pids(text)}
+
+    def running() -> list[int]:
+        return [pid for pid, start in marks.items() if proc_runs(pid, start)]
+
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
+        for pid in running():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait
+        while running() and time.time() < deadline:
+            time.sleep(0.2)
 
 
 # ------------------------------------------------------------------ experiment trackers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["proc_cpu_seconds", "proc_memory_mb", "proc_status"]
+__all__ = ["proc_children", "proc_cpu_seconds", "proc_memory_mb", "proc_runs", "proc_start_ticks", "proc_status"]
 
 
 def proc_memory_mb(pid: int) -> tuple[float, float]:
@@ -31,9 +31,52 @@ def proc_status(pid: int) -> dict[str, float]:
 
 def proc_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds process ``pid`` has used, from /proc/<pid>/stat; None when unreadable."""
+    f = _stat_fields(pid)
+    try:
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK") if f else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (field 3 onwards); None when unreadable."""
     try:
         with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            return f.read().rsplit(b")", 1)[1].split()
     except (OSError, ValueError, IndexError):
         return None
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot: with the pid, it names one process (a pid can
+    be reused, this pair cannot); None when unreadable."""
+    f = _stat_fields(pid)
+    try:
+        return int(f[19]) if f else None
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_runs(pid: int, start_ticks: int | None) -> bool:
+    """Process ``pid`` that started at ``start_ticks`` (:func:`proc_start_ticks`) still runs: it exists, is that
+    same process, and is not a zombie (an exited child nobody reaped)."""
+    f = _stat_fields(pid)
+    try:
+        return bool(f) and start_ticks is not None and f[0] != b"Z" and int(f[19]) == start_ticks
+    except (IndexError, ValueError):
+        return False
+
+
+def proc_children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` now (empty when there is none, or no /proc)."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for d in names:
+        if d.isdigit():
+            f = _stat_fields(int(d))
+            if f and len(f) > 1 and f[1] == str(int(pid)).encode():
+                out.append(int(d))
+    return sorted(out)

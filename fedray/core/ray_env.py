@@ -32,6 +32,7 @@ same code, and refills those as the process exits.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import json
 import logging
@@ -341,6 +342,57 @@ def _init_lean_head(ray, kwargs: dict) -> None:
         ray.init(**kwargs)
     finally:
         ray_node.Node = base
+    _reap_agents_after(ray)
+
+
+# Reads "pid start_ticks" lines until EOF, then SIGKILLs each of those processes that still runs. Run as
+# `python -c`; it imports nothing of fedray or Ray, and ignores the terminal's Ctrl-C (its own session too).
+_REAPER = r"""
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+marks = [line.split() for line in sys.stdin if line.strip()]
+for pid, start in marks:
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[19].decode() == start:
+                os.kill(int(pid), signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
+"""
+_reaper = None  # the reaper of the private Ray this process started last: its stdin is open while we live
+
+
+def _reap_agents_after(ray) -> None:
+    """Make the private Ray's agents end with this process, however it ends. The GCS, the raylet and the log
+    monitor are this process's children and die with it (Ray sets ``PR_SET_PDEATHSIG``). The raylet's agents
+    (dashboard, runtime env) notice the raylet's death but then, in Ray 2.60, wait on the dead GCS to report
+    it (minutes): a driver killed with SIGKILL left both running, spinning a little CPU and holding the
+    dashboard agent's port 52365, so the next cold run's agent spent 3 s retrying that port. A tiny process
+    holding a pipe from this one (:data:`_REAPER`) is told the agents' pids and start times; at EOF (this
+    process ended, or started a new Ray) it SIGKILLs those still running. After a normal shutdown they are
+    gone already and it just exits."""
+    import subprocess
+
+    from fedray.core.procinfo import proc_children, proc_start_ticks
+
+    global _reaper
+    if _reaper is not None:  # the previous private Ray of this process was shut down: let its reaper finish
+        with contextlib.suppress(OSError):
+            _reaper.stdin.close()
+        _reaper = None
+    node = getattr(ray._private.worker, "_global_node", None)
+    try:
+        raylet = node.all_processes["raylet"][0].process.pid
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return
+    marks = [(pid, proc_start_ticks(pid)) for pid in proc_children(raylet)]
+    lines = "".join(f"{pid} {start}\n" for pid, start in marks if start is not None)
+    if not lines:
+        return
+    _reaper = subprocess.Popen([sys.executable, "-c", _REAPER], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True, text=True)
+    _reaper.stdin.write(lines)
+    _reaper.stdin.flush()
 
 
 _LEAN_HEADS: dict = {}

@@ -103,6 +103,45 @@ def test_local_ray_starts_no_monitor_or_api_server(ray_session):
     assert scripts == {"dashboard/agent.py", "runtime_env/agent/main.py", "_private/log_monitor.py"}, cmdlines
 
 
+_KILLED_DRIVER = """
+import ray
+from fedray.core.procinfo import proc_children
+from fedray.core.ray_env import ensure_ray
+ensure_ray(1 << 28, num_cpus=1, log_to_driver=False)
+raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+print(" ".join(map(str, [raylet, *proc_children(raylet)])), flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def test_private_ray_ends_with_a_driver_killed_by_sigkill():
+    """A driver that started the private local Ray and is then killed with SIGKILL leaves none of the raylet's
+    processes running: Ray 2.60's dashboard and runtime-env agents outlived such a driver by minutes (they
+    wait on the dead GCS), until fedray's reaper (``ray_env._reap_agents_after``) ends them."""
+    from fedray.core.procinfo import proc_runs, proc_start_ticks
+
+    env = _client_env()
+    env.pop("FEDRAY_NO_WARM", None)
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_DRIVER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         env=env, text=True)
+    try:
+        pids = [int(x) for x in p.stdout.readline().split()]
+    finally:
+        p.kill()
+        p.wait()
+    assert len(pids) >= 3, pids  # the raylet, its dashboard agent and its runtime-env agent
+    marks = {pid: proc_start_ticks(pid) for pid in pids}
+
+    def running():
+        return [pid for pid, start in marks.items() if proc_runs(pid, start)]
+
+    deadline = time.monotonic() + 30
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not running(), f"still running 30 s after the driver was killed: {running()}"
+
+
 def test_local_ray_keeps_token_auth_on(ray_session):
     """The session's Ray runs with RAY_AUTH_MODE=token and fedray's 0600 token; a client without the token,
     or with another one, is refused within seconds with a message saying what to set."""
