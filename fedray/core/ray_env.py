@@ -324,7 +324,8 @@ def _init_lean_head(ray, kwargs: dict) -> None:
     the GCS, the raylet with its dashboard and runtime-env agents, and the log monitor (workers' output still
     reaches the driver). Ray offers no switch for the two on ``ray.init``, so its node class is swapped for
     a subclass during this one call (``ray start --head`` has ``--no-monitor``; a joined cluster is not ours
-    to change). On a Ray without these hooks the start is the plain one.
+    to change). On a Ray without these hooks the start is the plain one. Either way the raylet's agents then
+    get a reaper (:func:`_reap_agents_after`).
 
     One visible trace of the missing API server: the dashboard agent's event module looks for its address
     once a second and logs "Get dashboard http address failed" to the session's ``dashboard_agent.log``
@@ -336,12 +337,12 @@ def _init_lean_head(ray, kwargs: dict) -> None:
     lean = _lean_head_class(base)
     if lean is None:
         ray.init(**kwargs)
-        return
-    ray_node.Node = lean
-    try:
-        ray.init(**kwargs)
-    finally:
-        ray_node.Node = base
+    else:
+        ray_node.Node = lean
+        try:
+            ray.init(**kwargs)
+        finally:
+            ray_node.Node = base
     _reap_agents_after(ray)
 
 
@@ -380,9 +381,11 @@ def _reap_agents_after(ray) -> None:
         with contextlib.suppress(OSError):
             _reaper.stdin.close()
         _reaper = None
+    from ray._private.ray_constants import PROCESS_TYPE_RAYLET
+
     node = getattr(ray._private.worker, "_global_node", None)
     try:
-        raylet = node.all_processes["raylet"][0].process.pid
+        raylet = node.all_processes[PROCESS_TYPE_RAYLET][0].process.pid
     except (AttributeError, KeyError, IndexError, TypeError):
         return
     marks = [(pid, proc_start_ticks(pid)) for pid in proc_children(raylet)]
