@@ -41,6 +41,7 @@ import secrets
 import socket
 import stat
 import sys
+import time
 from pathlib import Path
 
 from fedray.core import warm_workers
@@ -401,6 +402,27 @@ def _reap_agents_after(ray) -> None:
 _LEAN_HEADS: dict = {}
 
 
+def _await_raylet(node, timeout_s: float = 30.0, poll_s: float = 0.02) -> None:
+    """Return once the GCS lists ``node``'s raylet as alive, polling every ``poll_s``. ``Node.__init__`` then
+    asks the GCS for the node through a call that, in Ray 2.60, retries once a second: the raylet registers
+    1-2 s after it starts, so the driver slept up to a second (half of one on average) with both cores idle.
+    Any trouble here (another Ray, a GCS that does not answer) leaves the wait to Ray's own loop."""
+    try:
+        client = node.get_gcs_client()
+        want = node.node_id
+    except Exception:  # noqa: BLE001 - Ray's own wait follows
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            nodes = client.get_all_node_info(timeout=1)
+        except Exception:  # noqa: BLE001 - Ray's own wait follows
+            return
+        if any(nid.hex() == want and info.state == 0 for nid, info in nodes.items()):  # 0: GcsNodeInfo.ALIVE
+            return
+        time.sleep(poll_s)
+
+
 def _lean_head_class(base):
     """The subclass of Ray's ``Node`` that :func:`_init_lean_head` starts; None when ``base`` lacks the hooks
     it relies on (another Ray version)."""
@@ -419,6 +441,10 @@ def _lean_head_class(base):
 
             def start_api_server(self, **kw):
                 return None
+
+            def start_ray_processes(self):
+                super().start_ray_processes()
+                _await_raylet(self)
 
         _LEAN_HEADS[base] = LeanHead
     return _LEAN_HEADS[base]

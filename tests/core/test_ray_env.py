@@ -103,6 +103,78 @@ def test_local_ray_starts_no_monitor_or_api_server(ray_session):
     assert scripts == {"dashboard/agent.py", "runtime_env/agent/main.py", "_private/log_monitor.py"}, cmdlines
 
 
+class _FakeNodeInfo:
+    def __init__(self, state):
+        self.state = state
+
+
+class _FakeId:
+    def __init__(self, h):
+        self._h = h
+
+    def hex(self):
+        return self._h
+
+
+class _FakeGcs:
+    """Answers ``get_all_node_info`` from a script: a list of node tables, or an exception to raise."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), 0
+
+    def get_all_node_info(self, timeout=None):
+        self.calls += 1
+        a = self.answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+
+class _FakeNode:
+    node_id = "ab12"
+
+    def __init__(self, gcs):
+        self.gcs = gcs
+
+    def get_gcs_client(self):
+        return self.gcs
+
+
+def test_await_raylet_polls_until_the_node_is_alive():
+    """The lean head waits for its raylet's registration in short polls (Ray's own wait retries once a second):
+    an absent node, then one not yet alive, then alive; another node's entry does not count."""
+    from fedray.core.ray_env import _await_raylet
+
+    alive, dead = _FakeNodeInfo(0), _FakeNodeInfo(1)
+    gcs = _FakeGcs([{}, {_FakeId("ab12"): dead, _FakeId("cd34"): alive}, {_FakeId("ab12"): alive}, {}])
+    t = time.perf_counter()
+    _await_raylet(_FakeNode(gcs), poll_s=0.001)
+    assert gcs.calls == 3 and time.perf_counter() - t < 0.5
+
+
+def test_await_raylet_leaves_trouble_to_rays_own_wait():
+    """A GCS call that fails, or a node without a GCS client, returns at once: Node.__init__'s loop follows."""
+    from fedray.core.ray_env import _await_raylet
+
+    gcs = _FakeGcs([RuntimeError("GCS unavailable"), {}])
+    _await_raylet(_FakeNode(gcs), poll_s=0.001)
+    assert gcs.calls == 1
+    _await_raylet(object())  # no get_gcs_client
+    gcs = _FakeGcs([{}] * 1000)
+    _await_raylet(_FakeNode(gcs), timeout_s=0.05, poll_s=0.01)  # never registers: gives up at the timeout
+    assert 2 <= gcs.calls < 20
+
+
+def test_lean_head_waits_for_its_raylet_in_short_polls():
+    """The lean head class overrides ``start_ray_processes`` (which Node.__init__ calls before its own wait)."""
+    import ray._private.node as ray_node
+
+    from fedray.core.ray_env import _lean_head_class
+
+    lean = _lean_head_class(ray_node.Node)
+    assert lean is not None and "start_ray_processes" in vars(lean)
+
+
 _KILLED_DRIVER = """
 import ray
 from fedray.core.procinfo import proc_children
