@@ -45,26 +45,44 @@ def _dry_run(args) -> int:
     return 0
 
 
-def _cmd_run(args) -> int:
+def process_start() -> float:
+    """This process's start as a ``time.perf_counter()`` value (:func:`fedray.core.procinfo.proc_age_seconds`;
+    now where /proc is missing): ``fedray run`` reports its start-up from there, interpreter and imports
+    included, as the plain loop it is compared with does (docs/benchmarks.md)."""
+    import time
+
+    from fedray.core.procinfo import proc_age_seconds
+
+    return time.perf_counter() - (proc_age_seconds() or 0.0)
+
+
+def run_command(args, t0: float | None = None, log=print):
+    """The work of ``fedray run`` (``args`` from :func:`build_parser`, with a CONFIG or ``--resume``): the
+    :class:`~fedray.engine.runner.RunResult`. ``bench/workload_fedray.py`` runs the same code."""
     from fedray.config import load_config
     from fedray.engine.launch import early_start
 
-    if args.dry_run:
-        return _dry_run(args)
     cfg = None
     if not args.resume:
-        if not args.config:
-            print("fedray run: give a CONFIG file or --resume RUN_DIR", file=sys.stderr)
-            return 2
         cfg = load_config(args.config, args.overrides)
         if args.output_dir:
             cfg.output.root = args.output_dir
-    # Ray and the run's actors start now, in the background, while torch and the data load
-    early = early_start(cfg, args.resume, args.address, warm=not args.no_warm)
+    # Ray and the run's actors start now, in the background, while torch and the data load. Nothing before
+    # this line imports torch (tests/test_cli_imports.py).
+    early = early_start(cfg, args.resume, args.address, warm=not args.no_warm, log=log, t0=t0)
     from fedray.engine.runner import run_experiment
 
-    res = run_experiment(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite,
-                         ray_address=args.address, warm=not args.no_warm, early=early)
+    return run_experiment(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite,
+                          ray_address=args.address, warm=not args.no_warm, early=early, t0=t0, log=log)
+
+
+def _cmd_run(args) -> int:
+    if args.dry_run:
+        return _dry_run(args)
+    if not args.resume and not args.config:
+        print("fedray run: give a CONFIG file or --resume RUN_DIR", file=sys.stderr)
+        return 2
+    res = run_command(args, t0=process_start())
     if res.rounds and not args.quiet:
         from fedray.reporting.report import format_table, summarize
         from fedray.reporting.rundir import RunDir

@@ -53,7 +53,6 @@ from typing import Any
 import yaml
 
 from fedray.config import ConfigError, ExperimentConfig, apply_overrides, from_dict, read_config_file
-from fedray.plugins import check_registries as _check_registries
 
 #: metrics computed by the runner from the whole run (anything else is a per-round key)
 DERIVED_METRICS = ("accuracy", "ema_accuracy", "mean_last5", "bytes_total")
@@ -618,6 +617,8 @@ def _build(data: dict, where: str) -> ExperimentConfig:
 def check_config(spec: StudySpec, *, check_registries: bool = True) -> None:
     """Dry-build the experiment config: the base config alone, every parameter path against the config
     dataclasses (and registries), and the config at both ends of every range / at every choice."""
+    from fedray.plugins import check_registries as _check_registries  # the registries import torch: not at import
+
     base_cfg = _build(spec.base_config, "base_config")
     if check_registries:
         _check_registries(base_cfg, "base_config")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["proc_children", "proc_cpu_seconds", "proc_memory_mb", "proc_runs", "proc_start_ticks", "proc_status"]
+__all__ = ["proc_age_seconds", "proc_children", "proc_cpu_seconds", "proc_memory_mb", "proc_runs", "proc_start_ticks",
+           "proc_status"]
 
 
 def proc_memory_mb(pid: int) -> tuple[float, float]:
@@ -55,6 +56,18 @@ def proc_start_ticks(pid: int) -> int | None:
         return int(f[19]) if f else None
     except (IndexError, ValueError):
         return None
+
+
+def proc_age_seconds(pid: int | None = None) -> float | None:
+    """Seconds since process ``pid`` (default: this one) started, from its start time in /proc/<pid>/stat and
+    the machine's uptime (both to a clock tick, 10 ms); None when unreadable (no /proc)."""
+    start = proc_start_ticks(os.getpid() if pid is None else pid)
+    try:
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if start is None else max(0.0, uptime - start / os.sysconf("SC_CLK_TCK"))
 
 
 def proc_runs(pid: int, start_ticks: int | None) -> bool:

@@ -106,8 +106,8 @@ class EarlyStart:
     :meth:`result` waits for it and raises what it raised. ``address`` / ``warm``: which cluster, as
     :func:`~fedray.core.ray_env.ensure_ray` decides."""
 
-    def __init__(self, cfg, *, address: str | None = None, warm: bool = False, log=print):
-        self.t0 = time.perf_counter()  # the run's start-up counts from here
+    def __init__(self, cfg, *, address: str | None = None, warm: bool = False, log=print, t0: float | None = None):
+        self.t0 = time.perf_counter() if t0 is None else t0  # the run's start-up counts from here
         self.cfg, self.address, self.warm, self.log = cfg, address, warm, log
         self.actors: Actors | None = None
         self.error: BaseException | None = None
@@ -197,9 +197,11 @@ def _leave_at_exit() -> None:
     atexit.register(lambda: ray.shutdown() if ray.is_initialized() else None)
 
 
-def early_start(cfg, resume=None, address: str | None = None, warm: bool = False, log=print) -> EarlyStart | None:
+def early_start(cfg, resume=None, address: str | None = None, warm: bool = False, log=print,
+                t0: float | None = None) -> EarlyStart | None:
     """:class:`EarlyStart` for a ``ray``-backend run of ``cfg`` (or of the run directory ``resume``); None for
-    the in-process backend, or when the config cannot be read (``setup_run`` then says why)."""
+    the in-process backend, or when the config cannot be read (``setup_run`` then says why). ``t0``: where the
+    run's start-up counts from (a ``time.perf_counter()`` value; default now)."""
     if resume is not None:
         from pathlib import Path
 
@@ -211,4 +213,4 @@ def early_start(cfg, resume=None, address: str | None = None, warm: bool = False
             return None
     if cfg is None or cfg.engine.backend != "ray":
         return None
-    return EarlyStart(cfg, address=address or cfg.engine.ray_address, warm=warm, log=log)
+    return EarlyStart(cfg, address=address or cfg.engine.ray_address, warm=warm, log=log, t0=t0)

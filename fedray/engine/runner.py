@@ -492,7 +492,8 @@ def _callbacks(run: Run, progress: bool, on_round, trackers: Trackers, log) -> l
 
 def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | None = None,
                    progress: bool | None = None, log=print, on_round=None, overwrite: bool = False,
-                   ray_address: str | None = None, warm: bool = False, early: EarlyStart | None = None) -> RunResult:
+                   ray_address: str | None = None, warm: bool = False, early: EarlyStart | None = None,
+                   t0: float | None = None) -> RunResult:
     """Run (or resume) one experiment to the end. Ctrl-C writes a checkpoint and returns early.
 
     A run directory that already holds a run is refused (``ConfigError``) unless ``overwrite`` deletes
@@ -509,9 +510,12 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
 
     With ``engine.backend: ray``, Ray and the run's actors start in the background while the data loads
     (:mod:`fedray.engine.launch`); ``early``: that start, begun by the caller for these same arguments
-    (``fedray run`` begins it before it imports torch)."""
-    t0 = getattr(early, "t0", None) or time.perf_counter()
-    early = early or early_start(cfg, resume, ray_address, warm, log)
+    (``fedray run`` begins it before it imports torch).
+
+    ``t0``: where the reported start-up (``RunResult.startup_seconds``) counts from, a ``time.perf_counter()``
+    value; ``fedray run`` passes its process's start. Default: when ``early`` began, else now."""
+    t0 = t0 if t0 is not None else getattr(early, "t0", None) or time.perf_counter()
+    early = early or early_start(cfg, resume, ray_address, warm, log, t0=t0)
     try:
         run = setup_run(cfg, resume, overwrite, log)
     except BaseException:

@@ -1,0 +1,95 @@
+"""The ``fedray`` command's start: its parser and everything ``fedray run`` does before Ray's early start import
+none of the heavy libraries (a cold run starts Ray while torch loads, so an import before that point is paid
+in full: the ``tune`` subparser once pulled torch in through the registries, 2.5 s before Ray started, and
+``fedray --help`` took 3.6 s); and the start-up ``fedray run`` reports counts from its process's start."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+HEAVY = ("torch", "ray", "pandas", "pyarrow", "optuna", "sklearn")
+
+BEFORE_EARLY_START = textwrap.dedent("""
+    import json, sys
+    import fedray.engine.launch as launch
+
+    class Reached(Exception):
+        pass
+
+    def early_start(*args, **kwargs):  # what was imported when `fedray run` starts Ray
+        print(json.dumps(sorted(m for m in sys.argv[2].split(",") if m in sys.modules)))
+        raise Reached
+
+    launch.early_start = early_start
+    from fedray.cli import main
+    try:
+        main(["run", sys.argv[1], "train.rounds=1"])
+    except Reached:
+        pass
+""")
+
+
+def _tiny_config(tmp_path, backend: str) -> str:
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(textwrap.dedent(f"""
+        seed: 0
+        data: {{source: digits, partition: {{name: iid, num_clients: 4}}}}
+        model: {{name: mlp}}
+        algorithm: {{name: fedavg}}
+        train: {{rounds: 1, clients_per_round: 2, local_epochs: 1, batch_size: 32, lr: 0.05}}
+        engine: {{backend: {backend}, num_workers: 1}}
+        output: {{root: {tmp_path / 'runs'}, name: tiny, checkpoint_every: 0, tensorboard: false}}
+    """))
+    return str(cfg)
+
+
+def test_fedray_run_imports_nothing_heavy_before_it_starts_ray(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", BEFORE_EARLY_START, _tiny_config(tmp_path, "ray"), ",".join(HEAVY)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_whole_parser_imports_nothing_heavy():
+    """``fedray --help`` (every subcommand's parser, ``tune``'s and ``sweep``'s included)."""
+    code = ("import sys; from fedray.cli import build_parser; build_parser(); "
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
+def test_reported_start_up_counts_from_the_process_start(tmp_path):
+    """The "start-up X s" line of `fedray run`: X is the time from the process's start to the line (imports,
+    parser and data included), not from some point after the imports."""
+    t_spawn = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "fedray", "run", _tiny_config(tmp_path, "local")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    reported = seen = None
+    for line in proc.stdout:
+        m = re.search(r"start-up ([\d.]+) s", line)
+        if m and reported is None:
+            seen, reported = time.perf_counter() - t_spawn, float(m.group(1))
+    assert proc.wait(timeout=300) == 0
+    assert reported is not None
+    assert seen - 0.5 <= reported <= seen + 0.1, (reported, seen)
+
+
+def test_proc_age_seconds():
+    from fedray.core.procinfo import proc_age_seconds
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        age = proc_age_seconds(child.pid)
+        assert age is not None and 0.0 <= age < 0.5
+        assert proc_age_seconds() > age  # this test process started before its child
+    finally:
+        child.communicate("")
+    assert proc_age_seconds(2**22 + 1) is None  # above the kernel's pid limit: no such process
