@@ -29,16 +29,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="a.b=c config overrides")
     args = ap.parse_args(argv)
 
+    from fedray.cli import process_start
     from fedray.config import ConfigError, load_config
-    from fedray.data.table import DataError
-    from fedray.engine.runner import run_experiment
+    from fedray.engine.launch import early_start
+
+    t0 = process_start()  # the start-up it reports counts from here, as `fedray run`'s does
+
+    def run(cfg, **kw):
+        # Ray (joined under a job) and the run's actors start in the background while torch and the data load
+        early = early_start(cfg, kw.get("resume"), t0=t0)
+        from fedray.engine.runner import run_experiment
+
+        return run_experiment(cfg, early=early, t0=t0, **kw)
 
     try:
         if args.resume:
             if not Path(args.resume).is_dir():
                 raise ConfigError(f"--resume: run directory {args.resume!r} does not exist on this node "
                                   f"(cwd {os.getcwd()}); use a shared filesystem path")
-            res = run_experiment(resume=args.resume)
+            res = run(None, resume=args.resume)
         else:
             if not args.config:
                 raise ConfigError("--config: required (or --resume RUN_DIR)")
@@ -50,10 +59,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.output_dir:
                 cfg.output.root = args.output_dir
             if cfg.data.root and not Path(cfg.data.root).exists():
+                from fedray.data.table import DataError  # pyarrow: not before Ray's early start
+
                 raise DataError(f"data.root: {cfg.data.root!r} does not exist on the driver's node; on a cluster "
                                 f"it must be a path every node sees (a shared filesystem mount)")
-            res = run_experiment(cfg, overwrite=args.overwrite)
-    except (ConfigError, DataError) as e:
+            res = run(cfg, overwrite=args.overwrite)
+    except Exception as e:
+        from fedray.data.table import DataError
+
+        if not isinstance(e, (ConfigError, DataError)):
+            raise
         print(f"jobs.train: error: {e}", file=sys.stderr)
         return 2
     print(f"run directory: {res.run_dir.resolve()}")

@@ -1,7 +1,8 @@
 """The ``fedray`` command's start: its parser and everything ``fedray run`` does before Ray's early start import
 none of the heavy libraries (a cold run starts Ray while torch loads, so an import before that point is paid
 in full: the ``tune`` subparser once pulled torch in through the registries, 2.5 s before Ray started, and
-``fedray --help`` took 3.6 s); and the start-up ``fedray run`` reports counts from its process's start."""
+``fedray --help`` took 3.6 s); and the start-up ``fedray run`` reports counts from its process's start. The same for ``jobs.train``, the
+entry point of ``ray job submit``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 HEAVY = ("torch", "ray", "pandas", "pyarrow", "optuna", "sklearn")
 
@@ -27,9 +33,14 @@ BEFORE_EARLY_START = textwrap.dedent("""
         raise Reached
 
     launch.early_start = early_start
-    from fedray.cli import main
+    if sys.argv[3] == "fedray":
+        from fedray.cli import main
+        argv = ["run", sys.argv[1], "train.rounds=1"]
+    else:  # the entry point of `ray job submit`
+        from jobs.train import main
+        argv = ["--config", sys.argv[1], "train.rounds=1"]
     try:
-        main(["run", sys.argv[1], "train.rounds=1"])
+        main(argv)
     except Reached:
         pass
 """)
@@ -49,9 +60,10 @@ def _tiny_config(tmp_path, backend: str) -> str:
     return str(cfg)
 
 
-def test_fedray_run_imports_nothing_heavy_before_it_starts_ray(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", BEFORE_EARLY_START, _tiny_config(tmp_path, "ray"), ",".join(HEAVY)],
-                          capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("entry", ["fedray", "jobs.train"])
+def test_fedray_run_imports_nothing_heavy_before_it_starts_ray(tmp_path, entry):
+    proc = subprocess.run([sys.executable, "-c", BEFORE_EARLY_START, _tiny_config(tmp_path, "ray"), ",".join(HEAVY),
+                           entry], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
