@@ -124,7 +124,7 @@ def ray_head_env(**extra) -> dict:
 def start_ray_head(temp: str, env: dict, *extra: str) -> dict:
     """`ray start --head` on loopback with its own --temp-dir and every port chosen here (the test session's
     own Ray already holds the defaults, e.g. the dashboard agent's 52365). Returns the GCS and dashboard
-    addresses; stop it with ``terminate_matching(temp)``."""
+    addresses; stop it with ``terminate_matching(temp, gcs_address)``."""
     import subprocess
     import sys
 
@@ -154,10 +154,11 @@ def pids_matching(text: str) -> list[int]:
     return pids
 
 
-def terminate_matching(text: str) -> None:
+def terminate_matching(text: str, address: str | None = None) -> None:
     """SIGTERM, then SIGKILL after 15 s, every process whose command line contains ``text`` (a head's own
     temp dir: a plain `ray stop` would also stop other people's Ray) and their descendants, found before any
-    is signalled (Ray retitles its agents and workers, and they outlive a killed raylet)."""
+    is signalled (Ray retitles its agents and workers, and they outlive a killed raylet); with the head's GCS
+    ``address``, also its Ray Client server (:func:`fedray.core.ray_up.cluster_pids`)."""
     import os
     import signal
     import time
@@ -165,7 +166,7 @@ def terminate_matching(text: str) -> None:
     from fedray.core.procinfo import proc_runs, proc_start_ticks
     from fedray.core.ray_up import cluster_pids
 
-    marks = {pid: proc_start_ticks(pid) for pid in cluster_pids(text)}
+    marks = {pid: proc_start_ticks(pid) for pid in cluster_pids(text, address)}
 
     def running() -> list[int]:
         return [pid for pid, start in marks.items() if proc_runs(pid, start)]

@@ -49,16 +49,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def cluster_pids(temp_dir: str) -> list[int]:
+def cluster_pids(temp_dir: str, address: str | None = None) -> list[int]:
     """The processes of the head started with ``temp_dir``: those whose command line contains it (GCS,
-    raylet, agents) and their descendants (Ray's workers, whose titles Ray rewrites to ``ray::...``)."""
+    raylet, agents) and their descendants (Ray's workers, whose titles Ray rewrites to ``ray::...``). With
+    the head's GCS ``address`` also the processes given ``--address=<address>``: the Ray Client server that
+    ``ray start --head`` leaves behind (its parent, the ``ray start`` command, has exited, and its command
+    line does not name the temp dir); ``fedray down`` once left it running for about a minute on port
+    10001."""
     me, marked, children = os.getpid(), [], {}
+    flag = f"--address={address}".encode() if address else None
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == me:
             continue
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                if temp_dir.encode() in f.read():
+                cmdline = f.read()
+                if temp_dir.encode() in cmdline or (flag is not None and flag in cmdline.split(b"\0")):
                     marked.append(int(d))
             with open(f"/proc/{d}/stat") as f:
                 children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
@@ -73,19 +79,20 @@ def cluster_pids(temp_dir: str) -> list[int]:
     return sorted(out)
 
 
-def _stop(temp_dir: str, timeout: float = STOP_TIMEOUT_S) -> int:
-    """SIGTERM the cluster's processes, SIGKILL what is left after ``timeout``; how many there were."""
-    pids = cluster_pids(temp_dir)
+def _stop(temp_dir: str, address: str | None, timeout: float = STOP_TIMEOUT_S) -> int:
+    """SIGTERM the cluster's processes (:func:`cluster_pids`), SIGKILL what is left after ``timeout``; how many
+    there were."""
+    pids = cluster_pids(temp_dir, address)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in cluster_pids(temp_dir):
+        for pid in cluster_pids(temp_dir, address):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.time() + (timeout if sig == signal.SIGTERM else 5.0)
-        while cluster_pids(temp_dir) and time.time() < deadline:
+        while cluster_pids(temp_dir, address) and time.time() < deadline:
             time.sleep(0.2)
-        if not cluster_pids(temp_dir):
+        if not cluster_pids(temp_dir, address):
             break
     return len(pids)
 
@@ -122,7 +129,7 @@ def up(num_cpus: int | None = None, num_gpus: int | None = None, object_store_me
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     pid = head_process(temp, "gcs_server")
     if out.returncode != 0 or pid is None:
-        _stop(temp)
+        _stop(temp, f"127.0.0.1:{gcs}")
         shutil.rmtree(temp, ignore_errors=True)
         raise RuntimeError(f"fedray up: `ray start --head` failed (exit {out.returncode}):\n"
                            f"{(out.stdout + out.stderr)[-3000:]}")
@@ -158,7 +165,7 @@ def down(log=print) -> bool:
     if not temp.startswith(TEMP_PREFIX):  # never stop by a foreign marker
         raise RuntimeError(f"fedray down: the record {path} names temp dir {temp!r}, not one fedray up made; "
                            f"remove the record by hand")
-    n = _stop(temp)
+    n = _stop(temp, rec.get("address"))
     path.unlink(missing_ok=True)
     shutil.rmtree(temp, ignore_errors=True)
     log(f"[fedray] stopped the `fedray up` Ray at {rec.get('address', '?')} ({n} processes)")

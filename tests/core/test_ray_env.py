@@ -271,7 +271,7 @@ def head():
     addr = start_ray_head(temp, env, "--num-cpus=1", "--include-dashboard=false")
     session = Path(temp, "session_latest").resolve()  # the head's (a local Ray started later moves the link)
     yield {"temp": temp, "tmpdir": base, "session": session, "env": env, **addr}
-    terminate_matching(temp)
+    terminate_matching(temp, addr["gcs"])
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -134,14 +134,18 @@ def test_up_run_down(tmp_path, partition_cache, ray_session):
         _until(replaced)
         assert not any(os.path.exists(f"/proc/{p}") for p in refilled)
         refilled = list(_idle(rec))
+        # the Ray Client server `ray start --head` leaves behind: its command line names the GCS, not the temp dir
+        client = [p for p in ray_up.cluster_pids(rec["temp_dir"], rec["address"])
+                  if p not in ray_up.cluster_pids(rec["temp_dir"])]
         down = _fedray(env, "down")
         assert "stopped the `fedray up` Ray at " + rec["address"] in down.stdout
-        assert not ray_up.cluster_pids(rec["temp_dir"])
+        assert not ray_up.cluster_pids(rec["temp_dir"], rec["address"])
+        assert not any(os.path.exists(f"/proc/{p}") for p in client)
         assert not any(os.path.exists(f"/proc/{p}") for p in refilled)  # idle workers stop with the cluster
         assert not (cache / "fedray" / "ray" / "up.json").exists() and not Path(rec["temp_dir"]).exists()
         assert "nothing to stop" in _fedray(env, "down").stdout
     finally:
-        terminate_matching(rec["temp_dir"])
+        terminate_matching(rec["temp_dir"], rec["address"])
 
 
 def _record(monkeypatch, tmp_path, rec: dict | str) -> Path:

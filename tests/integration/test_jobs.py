@@ -34,7 +34,8 @@ def head():
     temp = tempfile.mkdtemp(prefix="frj-", dir="/tmp")
     # an agent that cannot bind leaves the job server without an agent (submissions then wait forever):
     # start_ray_head chooses every port
-    address = start_ray_head(temp, _env(), "--num-cpus=2", "--include-dashboard=true")["dashboard"]
+    head = start_ray_head(temp, _env(), "--num-cpus=2", "--include-dashboard=true")
+    address = head["dashboard"]
     deadline = time.time() + 60
     while time.time() < deadline:  # the job server answers a little after `ray start` returns
         r = subprocess.run([str(VENV_BIN / "ray"), "job", "list", "--address", address], env=_env(),
@@ -43,7 +44,7 @@ def head():
             break
         time.sleep(1)
     yield address
-    terminate_matching(temp)
+    terminate_matching(temp, head["gcs"])
     shutil.rmtree(temp, ignore_errors=True)
 
 
