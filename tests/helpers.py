@@ -121,6 +121,24 @@ def ray_head_env(**extra) -> dict:
     return env
 
 
+def write_tiny_config(tmp_path, backend: str = "local", rounds: int = 2) -> Path:
+    """A YAML config of a run of seconds (digits, 4 clients, an MLP) for the ``fedray`` command in a
+    subprocess; its run directory is ``tmp_path/runs/tiny``."""
+    import textwrap
+
+    cfg = Path(tmp_path) / "tiny.yaml"
+    cfg.write_text(textwrap.dedent(f"""
+        seed: 0
+        data: {{source: digits, partition: {{name: iid, num_clients: 4}}}}
+        model: {{name: mlp}}
+        algorithm: {{name: fedavg}}
+        train: {{rounds: {rounds}, clients_per_round: 2, local_epochs: 1, batch_size: 32, lr: 0.05}}
+        engine: {{backend: {backend}, num_workers: 1}}
+        output: {{root: {Path(tmp_path) / 'runs'}, name: tiny, checkpoint_every: 0, tensorboard: false}}
+    """))
+    return cfg
+
+
 def start_ray_head(temp: str, env: dict, *extra: str) -> dict:
     """`ray start --head` on loopback with its own --temp-dir and every port chosen here (the test session's
     own Ray already holds the defaults, e.g. the dashboard agent's 52365). Returns the GCS and dashboard

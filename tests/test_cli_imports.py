@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import write_tiny_config
+
 ROOT = Path(__file__).resolve().parents[1]
 
 HEAVY = ("torch", "ray", "pandas", "pyarrow", "optuna", "sklearn")
@@ -46,23 +48,9 @@ BEFORE_EARLY_START = textwrap.dedent("""
 """)
 
 
-def _tiny_config(tmp_path, backend: str) -> str:
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(textwrap.dedent(f"""
-        seed: 0
-        data: {{source: digits, partition: {{name: iid, num_clients: 4}}}}
-        model: {{name: mlp}}
-        algorithm: {{name: fedavg}}
-        train: {{rounds: 1, clients_per_round: 2, local_epochs: 1, batch_size: 32, lr: 0.05}}
-        engine: {{backend: {backend}, num_workers: 1}}
-        output: {{root: {tmp_path / 'runs'}, name: tiny, checkpoint_every: 0, tensorboard: false}}
-    """))
-    return str(cfg)
-
-
 @pytest.mark.parametrize("entry", ["fedray", "jobs.train"])
 def test_fedray_run_imports_nothing_heavy_before_it_starts_ray(tmp_path, entry):
-    proc = subprocess.run([sys.executable, "-c", BEFORE_EARLY_START, _tiny_config(tmp_path, "ray"), ",".join(HEAVY),
+    proc = subprocess.run([sys.executable, "-c", BEFORE_EARLY_START, str(write_tiny_config(tmp_path, "ray", rounds=1)), ",".join(HEAVY),
                            entry], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
@@ -81,7 +69,7 @@ def test_reported_start_up_counts_from_the_process_start(tmp_path):
     """The "start-up X s" line of `fedray run`: X is the time from the process's start to the line (imports,
     parser and data included), not from some point after the imports."""
     t_spawn = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "fedray", "run", _tiny_config(tmp_path, "local")],
+    proc = subprocess.Popen([sys.executable, "-m", "fedray", "run", str(write_tiny_config(tmp_path, "local", rounds=1))],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     reported = seen = None

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests.helpers import write_tiny_config
+
 SCRIPT = textwrap.dedent("""
     import atexit, sys, threading, time
     from concurrent.futures import ThreadPoolExecutor
@@ -46,16 +48,7 @@ def test_the_fedray_command_leaves_through_it_with_its_status_and_outputs(tmp_pa
     has written its summary, metrics and final weights before the process ends."""
     bad = subprocess.run([sys.executable, "-m", "fedray", "run"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "give a CONFIG file" in bad.stderr
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(textwrap.dedent(f"""
-        seed: 0
-        data: {{source: digits, partition: {{name: iid, num_clients: 4}}}}
-        model: {{name: mlp}}
-        algorithm: {{name: fedavg}}
-        train: {{rounds: 2, clients_per_round: 2, local_epochs: 1, batch_size: 32, lr: 0.05}}
-        engine: {{backend: local, num_workers: 1}}
-        output: {{root: {tmp_path / 'runs'}, name: tiny, checkpoint_every: 0, tensorboard: false}}
-    """))
+    cfg = write_tiny_config(tmp_path)
     ok = subprocess.run([sys.executable, "-m", "fedray", "run", str(cfg), "--quiet"], capture_output=True, text=True,
                         timeout=300)
     assert ok.returncode == 0, ok.stderr[-2000:]
