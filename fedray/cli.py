@@ -60,20 +60,28 @@ def run_command(args, t0: float | None = None, log=print):
     """The work of ``fedray run`` (``args`` from :func:`build_parser`, with a CONFIG or ``--resume``): the
     :class:`~fedray.engine.runner.RunResult`. ``bench/workload_fedray.py`` runs the same code."""
     from fedray.config import load_config
-    from fedray.engine.launch import early_start
 
     cfg = None
     if not args.resume:
         cfg = load_config(args.config, args.overrides)
         if args.output_dir:
             cfg.output.root = args.output_dir
-    # Ray and the run's actors start now, in the background, while torch and the data load. Nothing before
-    # this line imports torch (tests/test_cli_imports.py).
-    early = early_start(cfg, args.resume, args.address, warm=not args.no_warm, log=log, t0=t0)
+    return run_with_early_start(cfg, args.resume, t0=t0, address=args.address, warm=not args.no_warm, log=log,
+                                progress=not args.quiet, overwrite=args.overwrite)
+
+
+def run_with_early_start(cfg, resume=None, *, t0: float | None, address: str | None = None, warm: bool = False,
+                         log=print, **run_kw):
+    """Begin Ray's early start (Ray and the run's actors, in the background), then import the runner (torch)
+    and run: ``fedray run`` and ``jobs.train`` (``ray job submit``). Nothing before the early start imports
+    torch (tests/test_cli_imports.py). ``run_kw``: more of :func:`~fedray.engine.runner.run_experiment`'s."""
+    from fedray.engine.launch import early_start
+
+    early = early_start(cfg, resume, address, warm=warm, log=log, t0=t0)
     from fedray.engine.runner import run_experiment
 
-    return run_experiment(cfg, resume=args.resume, progress=not args.quiet, overwrite=args.overwrite,
-                          ray_address=args.address, warm=not args.no_warm, early=early, t0=t0, log=log)
+    return run_experiment(cfg, resume=resume, ray_address=address, warm=warm, early=early, t0=t0, log=log,
+                          **run_kw)
 
 
 def _cmd_run(args) -> int:

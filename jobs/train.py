@@ -29,25 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="a.b=c config overrides")
     args = ap.parse_args(argv)
 
-    from fedray.cli import process_start
+    from fedray.cli import process_start, run_with_early_start
     from fedray.config import ConfigError, load_config
-    from fedray.engine.launch import early_start
 
     t0 = process_start()  # the start-up it reports counts from here, as `fedray run`'s does
-
-    def run(cfg, **kw):
-        # Ray (joined under a job) and the run's actors start in the background while torch and the data load
-        early = early_start(cfg, kw.get("resume"), t0=t0)
-        from fedray.engine.runner import run_experiment
-
-        return run_experiment(cfg, early=early, t0=t0, **kw)
 
     try:
         if args.resume:
             if not Path(args.resume).is_dir():
                 raise ConfigError(f"--resume: run directory {args.resume!r} does not exist on this node "
                                   f"(cwd {os.getcwd()}); use a shared filesystem path")
-            res = run(None, resume=args.resume)
+            res = run_with_early_start(None, args.resume, t0=t0)
         else:
             if not args.config:
                 raise ConfigError("--config: required (or --resume RUN_DIR)")
@@ -63,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 raise DataError(f"data.root: {cfg.data.root!r} does not exist on the driver's node; on a cluster "
                                 f"it must be a path every node sees (a shared filesystem mount)")
-            res = run(cfg, overwrite=args.overwrite)
+            res = run_with_early_start(cfg, t0=t0, overwrite=args.overwrite)
     except Exception as e:
         from fedray.data.table import DataError
 

@@ -194,6 +194,7 @@ def cross_entropy_loss(model, x, y):
     return F.cross_entropy(model(x), y)
 
 
+@functools.cache
 def _optimizers_without_dynamo() -> None:
     """Let ``torch.optim.Optimizer``'s bookkeeping methods run without importing ``torch._dynamo``.
 
@@ -203,7 +204,8 @@ def _optimizers_without_dynamo() -> None:
     run's round 1 paid it in each client worker). That wrapper caches the dynamo-disabled function on the
     method as ``__dynamo_disable``; cache the method itself instead. fedray never runs ``torch.compile``, so
     there is no dynamo frame to turn off and the call is the same. Nothing changes once ``torch._dynamo`` is
-    imported (someone may compile), or on a torch whose wrapper differs. The step: :func:`_without_dynamo`."""
+    imported (someone may compile), or on a torch whose wrapper differs. Once per process (cached). The step:
+    :func:`_without_dynamo`."""
     if "torch._dynamo" in sys.modules:
         return
     try:
