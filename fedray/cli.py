@@ -72,9 +72,9 @@ def run_command(args, t0: float | None = None, log=print):
 
 def run_with_early_start(cfg, resume=None, *, t0: float | None, address: str | None = None, warm: bool = False,
                          log=print, **run_kw):
-    """Begin Ray's early start (Ray and the run's actors, in the background), then import the runner (torch)
-    and run: ``fedray run`` and ``jobs.train`` (``ray job submit``). Nothing before the early start imports
-    torch (tests/test_cli_imports.py). ``run_kw``: more of :func:`~fedray.engine.runner.run_experiment`'s."""
+    """Begin Ray's early start (Ray and the run's actors, in the background), then import the runner and
+    run: ``fedray run`` and ``jobs.train`` (``ray job submit``). Nothing before the early start imports
+    torch, nor anything after it on a Ray run (tests/test_cli_imports.py). ``run_kw``: more of :func:`~fedray.engine.runner.run_experiment`'s."""
     from fedray.engine.launch import early_start
 
     early = early_start(cfg, resume, address, warm=warm, log=log, t0=t0)

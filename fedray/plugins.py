@@ -1,54 +1,94 @@
-"""Checks of the plugins a config uses, before any work (``fedray run``, ``fedray tune``, sweeps)."""
+"""Checks of the plugins a config uses, before any work (``fedray run``, ``fedray tune``, sweeps).
+
+The registries (algorithms, models, augmentations) import torch, so they are imported where they are checked:
+a Ray run's driver imports none of them and has its coordinator actor run :func:`check_run` instead
+(:meth:`fedray.engine.launch.EarlyStart.check`)."""
 
 from __future__ import annotations
 
-from fedray.algorithms import algorithm_of, build_server_optimizer
 from fedray.config import ConfigError, ExperimentConfig
-from fedray.data.loader import Augment
-from fedray.data.sources import SOURCES
-from fedray.data.table import DataError
-from fedray.engine.programs.fold_group import check_fold_group
-from fedray.models import MODELS, model_for_meta
-from fedray.reporting.trackers import check_trackers
 
-__all__ = ["check_model", "check_output_root", "check_registries"]
+__all__ = ["check_data_fit", "check_driver", "check_model", "check_output_root", "check_plugins", "check_registries",
+           "check_run"]
 
 
 def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
     """Algorithm and server optimizer (built, so their parameters are checked; ``engine.fold_group`` against
-    the algorithm), model name and options,
-    data source, the libraries of the trackers it turns on (``output.mlflow`` / ``output.wandb``): a
-    ConfigError naming the field (prefixed with ``where``, e.g. a study's file, if given)."""
+    the algorithm), model name and options, augmentations (:func:`check_plugins`), data source and the
+    libraries of the trackers it turns on (:func:`check_driver`): a ConfigError naming the field (prefixed
+    with ``where``, e.g. a study's file, if given)."""
     try:
-        check_fold_group(cfg, algorithm_of(cfg))  # partial sums on the workers: refused for incompatible algorithms
-        build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
-        if cfg.model.name not in MODELS:
-            raise ConfigError(f"model.name: unknown model {cfg.model.name!r} (known: {', '.join(sorted(MODELS))})")
-        opts = MODELS[cfg.model.name].options
-        bad = sorted(set(cfg.model.params) - set(opts))
-        if bad:
-            raise ConfigError(f"model.params.{bad[0]}: unknown option of model {cfg.model.name!r} "
-                              f"(known: {', '.join(sorted(opts))})")
-        if cfg.data.source not in SOURCES:
-            raise ConfigError(f"data.source: unknown source {cfg.data.source!r} (known: {', '.join(sorted(SOURCES))})")
-        try:
-            Augment.from_spec(cfg.train.augment)
-        except DataError as e:
-            raise ConfigError(f"train.{e}") from None
-        check_trackers(cfg)
+        check_driver(cfg)
+        check_plugins(cfg)
     except ConfigError as e:
         if where is None:
             raise
         raise ConfigError(f"{where}: {e}") from None
 
 
+def check_driver(cfg: ExperimentConfig) -> None:
+    """What the driver itself needs, without torch: a known data source (it loads the data) and the libraries
+    of the trackers it writes to (``output.mlflow`` / ``output.wandb``)."""
+    from fedray.data.sources import SOURCES
+    from fedray.reporting.trackers import check_trackers
+
+    if cfg.data.source not in SOURCES:
+        raise ConfigError(f"data.source: unknown source {cfg.data.source!r} (known: {', '.join(sorted(SOURCES))})")
+    check_trackers(cfg)
+
+
+def check_plugins(cfg: ExperimentConfig) -> None:
+    """The registries' part of :func:`check_registries` (they import torch): algorithm (with
+    ``engine.fold_group``), server optimizer, model name and options, augmentations."""
+    from fedray.algorithms import algorithm_of, build_server_optimizer
+    from fedray.data.loader import Augment
+    from fedray.data.table import DataError
+    from fedray.engine.programs.fold_group import check_fold_group
+    from fedray.models import MODELS
+
+    check_fold_group(cfg, algorithm_of(cfg))  # partial sums on the workers: refused for incompatible algorithms
+    build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
+    if cfg.model.name not in MODELS:
+        raise ConfigError(f"model.name: unknown model {cfg.model.name!r} (known: {', '.join(sorted(MODELS))})")
+    opts = MODELS[cfg.model.name].options
+    bad = sorted(set(cfg.model.params) - set(opts))
+    if bad:
+        raise ConfigError(f"model.params.{bad[0]}: unknown option of model {cfg.model.name!r} "
+                          f"(known: {', '.join(sorted(opts))})")
+    try:
+        Augment.from_spec(cfg.train.augment)
+    except DataError as e:
+        raise ConfigError(f"train.{e}") from None
+
+
 def check_model(cfg: ExperimentConfig, meta) -> None:
     """Build the model once for the data's shape, so a bad option value fails before any work, naming
     ``model.params`` (the builders raise ValueError)."""
+    from fedray.models import model_for_meta
+
     try:
         model_for_meta(cfg.model.name, meta, **cfg.model.params)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model.params: {e}") from None
+
+
+def check_run(cfg: ExperimentConfig, meta) -> None:
+    """Every check of ``cfg`` that needs the registries, for the partition's ``meta``: :func:`check_plugins`
+    and :func:`check_data_fit`. A Ray run's coordinator actor makes them (its driver made :func:`check_driver`
+    before the data) before the driver claims the run directory; the in-process backend makes the same checks
+    in its own process, :func:`check_registries` before the data."""
+    check_plugins(cfg)
+    check_data_fit(cfg, meta)
+
+
+def check_data_fit(cfg: ExperimentConfig, meta) -> None:
+    """:func:`check_model` and, with ``engine.multi_client > 1``, whether the algorithm and the model can train
+    clients in groups (:func:`fedray.engine.client.grouped.check_multi_client`)."""
+    check_model(cfg, meta)
+    if int(cfg.engine.multi_client) > 1:
+        from fedray.engine.client.grouped import check_multi_client
+
+        check_multi_client(cfg, meta)
 
 
 def check_output_root(cfg: ExperimentConfig) -> None:

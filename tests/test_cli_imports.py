@@ -93,3 +93,26 @@ def test_proc_age_seconds():
     finally:
         child.communicate("")
     assert proc_age_seconds(2**22 + 1) is None  # above the kernel's pid limit: no such process
+
+
+WHOLE_RAY_RUN = textwrap.dedent("""
+    import json, sys
+    from fedray.cli import main
+
+    rc = main(["run", sys.argv[1], "output.tensorboard=true", "output.checkpoint_every=1"])
+    print(json.dumps({"rc": rc, "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))}))
+""")
+
+
+@pytest.mark.ray
+def test_a_ray_run_s_driver_never_imports_torch(tmp_path):
+    """The driver of a Ray run (checks on the coordinator actor, workers started from a torch-free module,
+    checkpoints, TensorBoard and the final weights as numpy) imports no torch: a cold run's 2 cores are
+    busy starting Ray and the actors, each of which imports torch itself (1.7 CPU-s apiece)."""
+    proc = subprocess.run([sys.executable, "-c", WHOLE_RAY_RUN, str(write_tiny_config(tmp_path, "ray", rounds=2))],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": []}
+    run = tmp_path / "runs" / "tiny"
+    assert (run / "final_weights.npy").is_file() and list((run / "tb").glob("events.out.tfevents.*"))
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"

@@ -28,7 +28,8 @@ from fedray.engine.faults import FaultInjector
 from fedray.engine.outcomes import InStore
 from fedray.engine.pool import LocalPool, RayPool
 from fedray.engine.programs import program_for
-from fedray.engine.replica import Replica, coordinator_device, worker_spec
+from fedray.engine.replica import Replica, coordinator_device
+from fedray.engine.spec import worker_spec
 from fedray.metrics import ema_update
 from fedray.metrics.analysis import feature_analysis
 from fedray.metrics.robustness import robustness_due, robustness_report

@@ -1,4 +1,4 @@
-"""Starting a run's Ray side early, while the driver imports and loads data.
+"""Starting a run's Ray side early, while the driver imports fedray and loads the data.
 
 Most of a cold ``fedray run``'s start-up is processes starting: Ray's own (GCS, raylet, agents) and then
 one Python process per actor (the coordinator and every client worker), each importing torch and fedray.
@@ -7,6 +7,10 @@ thread as soon as the config is known and starts the actors right away, without 
 :class:`~fedray.engine.worker.ClientWorker` with no spec and a :class:`CoordinatorHost`. Once the data and
 the run directory are ready the driver hands them their arguments (``setup``), in the order every actor
 receives calls from one caller, so nothing they compute changes.
+
+The driver of a Ray run imports no torch (1.7 CPU-seconds on the same two cores the actors start on): the
+actor classes' modules leave it to the actors' construction, and the checks that need the registries are the
+coordinator host's first call (:meth:`EarlyStart.check`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,13 @@ class CoordinatorHost:
         import fedray.engine.coordinator  # noqa: F401  (torch and the engine import now, not at setup)
 
         self.coord = None
+
+    def check(self, cfg, meta) -> bool:
+        """:func:`fedray.plugins.check_run` here, where the registries (torch) are imported anyway."""
+        from fedray.plugins import check_run
+
+        check_run(cfg, meta)
+        return True
 
     def setup(self, *args) -> bool:
         from fedray.engine.coordinator import Coordinator
@@ -175,6 +186,22 @@ class EarlyStart:
         if self.error is not None:
             raise self.error
         return self.actors
+
+    def check(self, cfg, meta) -> None:
+        """The config's checks that need the registries (:func:`fedray.plugins.check_run`), made by the
+        coordinator actor as its first call, so that the driver does not import torch for them. Its
+        ConfigError is raised here as one; the actor's death raises Ray's error."""
+        actors = self.result()
+        import ray
+        from ray import exceptions as rex
+
+        try:
+            ray.get(actors.coord.check.remote(cfg, meta))
+        except rex.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, ConfigError):
+                raise ConfigError(str(cause)) from None
+            raise
 
     def abort(self) -> None:
         """The run stopped before it used the actors: kill them (they hold CPUs on a shared cluster)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from fedray.core.errors import ConfigError
 from fedray.engine.outcomes import WorkerLost
-from fedray.engine.replica import WorkerSpec
+from fedray.engine.spec import WorkerSpec
 from fedray.engine.worker import ClientWorker
 
 __all__ = ["LocalPool", "PoolBase", "RayPool", "WorkerLost", "default_num_workers"]

@@ -28,16 +28,14 @@ from fedray.core.io import atomic_write_bytes, atomic_write_text
 from fedray.data.sources import load_source
 from fedray.data.store import build_partition
 from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard, Trackers
-from fedray.engine.client.grouped import check_multi_client
-from fedray.engine.coordinator import Coordinator
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.faults import FaultInjector
 from fedray.engine.launch import Actors, EarlyStart, coordinator_options, early_start, kill_actors, start_actors  # noqa: F401
 from fedray.engine.outcomes import InStore
 from fedray.engine.pool import default_num_workers
-from fedray.engine.replica import worker_spec
+from fedray.engine.spec import worker_spec
 from fedray.engine.state import ClientStateStore
-from fedray.plugins import check_model, check_output_root, check_registries
+from fedray.plugins import check_data_fit, check_driver, check_output_root, check_registries
 from fedray.reporting.rundir import RunDir
 from fedray.reporting.trackers import open_trackers
 
@@ -110,6 +108,7 @@ class Run:
     t_start: float
     trackers: Trackers  # the MLflow / W&B runs it mirrors into (started), possibly none
     early: EarlyStart | None = None  # Ray and the actors, started while the data loaded (fedray.engine.launch)
+    t_data: float = 0.0  # when the data was ready (time.perf_counter())
 
     @property
     def state_path(self) -> str:
@@ -132,8 +131,12 @@ def _claim_run_dir(rd: RunDir, overwrite: bool) -> None:
 
 
 def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, overwrite: bool = False,
-              log=print) -> Run:
-    """Checks before any work, then the data and the run directory (``run.json`` status ``running``)."""
+              log=print, early: EarlyStart | None = None) -> Run:
+    """Checks before any work, then the data and the run directory (``run.json`` status ``running``).
+
+    With ``early`` (a Ray run's actors, starting), the checks that need the registries are made by the
+    coordinator actor, after the data is ready (:meth:`EarlyStart.check`): this process never imports torch
+    for them. Either way they come before the run directory is claimed."""
     t_start = time.perf_counter()
     if resume is not None:
         rd = RunDir(resume)
@@ -142,12 +145,17 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         cfg = load_config(rd.path / "config.yaml")
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
-    check_registries(cfg)
+    if early is None:
+        check_registries(cfg)  # before the data: a misspelt name fails at once
+    else:
+        check_driver(cfg)  # the data source's name, the trackers' libraries (this process writes to them)
     check_output_root(cfg)
     bundle, store = prepare_data(cfg, log)
-    check_model(cfg, store.meta)
-    if int(cfg.engine.multi_client) > 1:  # refuse unsupported algorithms / models before any engine work
-        check_multi_client(cfg, store.meta)
+    t_data = time.perf_counter()
+    if early is None:
+        check_data_fit(cfg, store.meta)  # the model for the data's shape; groups of clients (engine.multi_client)
+    else:
+        early.check(cfg, store.meta)
     if resume is None:
         rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
         _claim_run_dir(rd, overwrite)
@@ -162,7 +170,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         atomic_write_text(rd.path / "config.yaml", dump_config(cfg))
     rd.write_json("run.json", info)
     return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start,
-               trackers=trackers)
+               trackers=trackers, t_data=t_data)
 
 
 class CoordinatorLost(RuntimeError):
@@ -191,6 +199,8 @@ class Engine:
             self.ray = ray
             self._start(early.result())
         else:
+            from fedray.engine.coordinator import Coordinator
+
             n, wcpu, wgpu = default_num_workers(cfg, int(cfg.train.clients_per_round))
             self.coord = Coordinator(self.cfg_dict, str(run.store.path), str(run.rd.path), self.test, n, wcpu, wgpu,
                                      run.state_path)
@@ -510,20 +520,20 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
 
     With ``engine.backend: ray``, Ray and the run's actors start in the background while the data loads
     (:mod:`fedray.engine.launch`); ``early``: that start, begun by the caller for these same arguments
-    (``fedray run`` begins it before it imports torch).
+    (``fedray run`` begins it before it imports the runner).
 
     ``t0``: where the reported start-up (``RunResult.startup_seconds``) counts from, a ``time.perf_counter()``
     value; ``fedray run`` passes its process's start. Default: when ``early`` began, else now."""
     t0 = t0 if t0 is not None else getattr(early, "t0", None) or time.perf_counter()
     early = early or early_start(cfg, resume, ray_address, warm, log, t0=t0)
     try:
-        run = setup_run(cfg, resume, overwrite, log)
+        run = setup_run(cfg, resume, overwrite, log, early)
     except BaseException:
         if early is not None:
             early.abort()
         raise
     run.t_start, run.early = t0, early
-    data_s = time.perf_counter() - t0
+    data_s = run.t_data - t0
     cfg = run.cfg
     if ray_address:
         cfg.engine.ray_address = ray_address  # not hashed: the same run on another cluster

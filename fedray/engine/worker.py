@@ -10,28 +10,32 @@ per client; a crash of the whole process is handled by the coordinator's schedul
 
 from __future__ import annotations
 
+import importlib
 import os
 
-from fedray.algorithms.base import ClientHints
 from fedray.core.procinfo import proc_memory_mb
 from fedray.core.ray_env import current_node_id
-from fedray.engine.client.grouped import GroupedRuntime
-from fedray.engine.client.partial import run_partial_sum
-from fedray.engine.client.sequential import SequentialRuntime
-from fedray.engine.client.split import SplitRuntime
-from fedray.engine.evaluation import evaluate_shards
 from fedray.engine.faults import FaultInjector
 from fedray.engine.outcomes import ClientOutcome, EvalOutcome, GroupOutcome, SplitOutcome
-from fedray.engine.replica import Replica, WorkerSpec
+from fedray.engine.spec import WorkerSpec
 from fedray.engine.state import ClientStateStore
 
-__all__ = ["ClientOutcome", "ClientWorker", "WorkerSpec"]
+__all__ = ["ClientOutcome", "ClientWorker", "RUNTIME_MODULES", "WorkerSpec"]
+
+#: The worker's torch side. This module imports none of it, so that a driver can start ``ClientWorker`` actors
+#: without importing torch (``fedray run``: tests/test_cli_imports.py); a worker imports it when it is
+#: constructed, before its ``setup``. (``fedray up``'s idle workers preload torch and the coordinator, which
+#: leaves 20 ms of these to the construction: :data:`fedray.core.ray_up.PRELOAD_MODULES`.)
+RUNTIME_MODULES = ("fedray.engine.replica", "fedray.engine.client.sequential", "fedray.engine.client.grouped",
+                   "fedray.engine.client.split", "fedray.engine.client.partial", "fedray.engine.evaluation")
 
 
 class ClientWorker:
     def __init__(self, spec: WorkerSpec | None, name: str = "w0"):
         """``spec=None``: an actor started before the run's data is ready (its process imports torch and
         fedray meanwhile); :meth:`setup` gives it the spec, before any task."""
+        for module in RUNTIME_MODULES:  # torch and the runtimes now, while the driver still loads the data
+            importlib.import_module(module)
         self.name = name
         self.spec = None
         self._federated = None
@@ -41,6 +45,8 @@ class ClientWorker:
 
     def setup(self, spec: WorkerSpec) -> str:
         """Build this worker's replica of the run (the model, the partition store, the client state)."""
+        from fedray.engine.replica import Replica
+
         self.spec = spec
         self.replica = Replica.for_worker(spec)
         self.states = ClientStateStore(spec.state_path) if spec.state_path else None
@@ -62,17 +68,25 @@ class ClientWorker:
     def run_clients(self, rnd: int, weights, payload: dict, chunk: list[tuple[int, int]],
                     hints: ClientHints | None = None) -> list[ClientOutcome]:
         """Train each (position, client id) of ``chunk`` from ``weights``; one outcome per client."""
+        from fedray.algorithms.base import ClientHints
+
         return self._runtime().run(rnd, weights, payload, chunk, hints or ClientHints())
 
     def run_group(self, rnd: int, weights, payload: dict, items: list[tuple[int, int, float]],
                   hints: ClientHints | None = None) -> GroupOutcome:
         """``engine.fold_group``: train ``items = [(position, client id, a_k)]`` and return their partial sum
         (:mod:`fedray.engine.client.partial`)."""
+        from fedray.algorithms.base import ClientHints
+        from fedray.engine.client.partial import run_partial_sum
+
         step = max(1, int(self.replica.cfg.engine.multi_client))
         return run_partial_sum(self._runtime(), rnd, weights, payload, items, hints or ClientHints(), step)
 
     def _runtime(self):
         if self._federated is None:
+            from fedray.engine.client.grouped import GroupedRuntime
+            from fedray.engine.client.sequential import SequentialRuntime
+
             multi = int(self.replica.cfg.engine.multi_client) > 1
             runtime = GroupedRuntime if multi else SequentialRuntime
             self._federated = runtime(self.replica, self.states, self.faults, self.name)
@@ -80,11 +94,15 @@ class ClientWorker:
 
     def evaluate_shards(self, weights, test: dict, shards: list, analysis: bool = False) -> list[EvalOutcome]:
         """Evaluate ``weights`` on the test shards ``[(shard, start, stop)]`` (:mod:`fedray.engine.evaluation`)."""
+        from fedray.engine.evaluation import evaluate_shards
+
         return evaluate_shards(self.replica, weights, test, shards, analysis, self.name)
 
     def split_step(self, rnd: int, it: int, init, payload: dict, items: list, grads: dict | None = None,
                    replay: list | None = None) -> list[SplitOutcome]:
         """Task ``it`` of a split round (:meth:`SplitRuntime.step`)."""
         if self._split is None:
+            from fedray.engine.client.split import SplitRuntime
+
             self._split = SplitRuntime(self.replica, self.states, self.faults, self.name)
         return self._split.step(rnd, it, init, payload, items, grads, replay)

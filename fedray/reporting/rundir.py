@@ -189,20 +189,27 @@ class RunDir:
 
 
 class TensorBoardLogger:
-    """Scalars per round via torch.utils.tensorboard (needs the ``tensorboard`` package)."""
+    """Scalars per round as TensorBoard event files, written with the ``tensorboard`` package's own event-file
+    writer (the one ``torch.utils.tensorboard`` wraps), so that a Ray run's driver never imports torch."""
 
     def __init__(self, log_dir: Path):
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self.writer = SummaryWriter(str(log_dir), flush_secs=10)
+        self._event, self._summary = Event, Summary
+        self.writer = EventFileWriter(str(log_dir), flush_secs=10)
 
     def log(self, row: dict) -> None:
-        """Every number of the row (:func:`fedray.reporting.trackers.scalar_metrics`, as for MLflow and W&B)."""
+        """Every number of the row (:func:`fedray.reporting.trackers.scalar_metrics`, as for MLflow and W&B), one
+        event per round."""
+        import time
+
         from fedray.reporting.trackers import scalar_metrics
 
-        step = int(row["round"])
-        for key, v in scalar_metrics(row).items():
-            self.writer.add_scalar(key, v, step)
+        values = [self._summary.Value(tag=key, simple_value=float(v)) for key, v in scalar_metrics(row).items()]
+        self.writer.add_event(self._event(wall_time=time.time(), step=int(row["round"]),
+                                          summary=self._summary(value=values)))
 
     def close(self) -> None:
         self.writer.close()

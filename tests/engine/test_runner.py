@@ -61,3 +61,21 @@ def test_over_selection_keeps_the_first_k_finished(tmp_path, partition_cache):
     res = _run(cfg)
     r = res.rounds[0]
     assert r["num_clients"] == 6 and r["stragglers_cancelled"] == 3
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("over, field", [
+    ({"algorithm__name": "fedmagic"}, "algorithm.name"),
+    ({"data__source": "imagenet-1k"}, "data.source"),  # the driver's own check, before the data
+    ({"model__params": {"hidden": 0}}, "model.params"),  # the model built for the data's shape
+    ({"engine__multi_client": 2, "algorithm__name": "moon"}, "engine.multi_client"),
+])
+def test_ray_run_checks_on_its_coordinator_before_claiming_the_run_dir(tmp_path, partition_cache, ray_session,
+                                                                       over, field):
+    """With Ray the registry and model checks run on the coordinator actor (the driver imports no torch):
+    the same ConfigError, naming the field, and no run directory."""
+    with pytest.raises(ConfigError) as e:
+        _run(small_config(tmp_path, partition_cache, engine__backend="ray", **over))
+    assert type(e.value) is ConfigError and str(e.value).startswith(field), repr(e.value)
+    runs = tmp_path / "runs"  # output.root is checked (created) before the data; no run directory in it
+    assert not runs.exists() or list(runs.iterdir()) == []
