@@ -185,10 +185,12 @@ def _connect_warm(ray, rec: dict, log_to_driver: bool, init_kwargs: dict, log) -
     os.environ["RAY_AUTH_MODE"] = "token"
     _refresh_ray_config()
     if rec.get("idle_workers") and rec.get("node_manager_port"):
-        # this job's actors may start in the cluster's idle workers of the same code; at exit, refill them
+        # this job's actors may start in the cluster's idle workers of the same code; no refill starts more
+        # while it lives (it holds the cluster's runs lock); at exit, refill them
         init_kwargs = {**init_kwargs, "runtime_env": warm_workers.runtime_env(warm_workers.code_fingerprint(),
                                                                              init_kwargs.get("runtime_env"))}
-        atexit.register(warm_workers.spawn_refill, rec)
+        warm_workers.hold_run_lock(rec["temp_dir"])
+        atexit.register(warm_workers.refill_at_exit, rec)
     _connect(ray, rec["address"], log_to_driver, init_kwargs)
     (log or print)(f"[fedray] using the warm Ray of `fedray up` at {rec['address']} (record {warm_record_path()}); "
                    f"`fedray run --no-warm` starts a private one instead, `fedray down` stops it")

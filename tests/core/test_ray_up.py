@@ -63,6 +63,7 @@ import os, ray
 from fedray.core import ray_env, warm_workers
 warm_workers.code_fingerprint = lambda *a: "0000other0000000"
 ray_env.ensure_ray(warm=True, log=lambda *a: None, log_to_driver=False)
+print("HELD", warm_workers.runs_active(ray_env.read_warm_record()["temp_dir"]))  # a run holds the cluster
 a = ray.remote(num_cpus=0)(type("Probe", (), {"pid": lambda self: (os.getpid(), os.environ.get("FEDRAY_WARM_CODE"))})).remote()
 print("PROBE", *ray.get(a.pid.remote()))
 """
@@ -112,6 +113,7 @@ def test_up_run_down(tmp_path, partition_cache, ray_session):
         assert probe.returncode == 0, probe.stderr[-3000:]
         pid, probe_code = probe.stdout.split("PROBE")[-1].split()
         assert int(pid) not in first and probe_code == "0000other0000000"  # other code: a process of its own
+        assert "HELD True" in probe.stdout and not warm_workers.runs_active(rec["temp_dir"])  # held while it ran
         run = _fedray(env, "run", str(tmp_path / "run.yaml"), "-q")
         assert f"using the warm Ray of `fedray up` at {rec['address']}" in run.stdout
         run_dir = Path(run.stdout.strip().splitlines()[-1].removeprefix("run directory: "))

@@ -142,3 +142,68 @@ def test_refill_counts_just_forked_workers_and_never_asks_for_more_than_missing(
     monkeypatch.setattr(warm_workers, "PRESTART_GRACE_S", 0.5)
     assert warm_workers.refill(str(tmp_path), 1, 3, deadline_s=60, log=lambda *a: None) == 3
     assert asks == [3, 1]
+
+
+#: a process that joins a cluster as a run (the runs lock of the temp dir in argv[1]) and waits on its stdin
+RUN_HOLDER = """
+import sys
+from fedray.core import warm_workers
+assert warm_workers.hold_run_lock(sys.argv[1])
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_run_holds_the_cluster_until_its_process_ends(tmp_path):
+    """The runs lock is held while a run's process lives, however it ends (here SIGKILL), and by this process
+    between hold_run_lock and release_run_lock."""
+    assert not warm_workers.runs_active(str(tmp_path))
+    kid = subprocess.Popen([sys.executable, "-c", RUN_HOLDER, str(tmp_path)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert kid.stdout.readline().strip() == "held"
+        assert warm_workers.runs_active(str(tmp_path))
+        assert warm_workers.runs_active(str(tmp_path))  # testing the lock leaves it as it was
+    finally:
+        kid.kill()
+        kid.wait(timeout=30)
+    assert not warm_workers.runs_active(str(tmp_path))
+    try:
+        assert warm_workers.hold_run_lock(str(tmp_path))
+        assert warm_workers.runs_active(str(tmp_path))
+    finally:
+        warm_workers.release_run_lock()
+    assert not warm_workers.runs_active(str(tmp_path))
+    assert not warm_workers.runs_active(str(tmp_path / "gone"))  # no temp dir: nothing to wait for
+
+
+def test_refill_asks_for_nothing_while_a_run_holds_the_cluster(tmp_path, monkeypatch):
+    """While a run holds the cluster (it starts, or trains), the refill starts no worker beside it: it waits,
+    without counting the wait against its deadline, and asks for the missing workers once the runs end."""
+    fp = warm_workers.code_fingerprint()
+    runs = iter([True] * 6)  # six looks with a run going on, then none
+    asks = []
+    monkeypatch.setattr(warm_workers, "_raylet_pid", lambda temp_dir: os.getpid())
+    monkeypatch.setattr(warm_workers, "idle_workers", lambda raylet: ({101: fp} if asks else {}, {}))
+    monkeypatch.setattr(warm_workers, "runs_active", lambda temp_dir: next(runs, False))
+    monkeypatch.setattr(warm_workers, "_prestart", lambda port, n, fingerprint: asks.append(n))
+    monkeypatch.setattr(warm_workers, "_await_new", lambda *a: None)
+    monkeypatch.setattr(warm_workers, "RUNS_POLL_S", 0.05)
+    lines = []
+    # a deadline shorter than the runs last: the refill still asks once they are over
+    assert warm_workers.refill(str(tmp_path), 1, 1, deadline_s=0.2, log=lines.append) == 1
+    assert asks == [1] and next(runs, "done") == "done"
+    assert lines.count("[fedray] refill: waiting for the cluster's runs to end") == 1
+
+
+def test_a_run_lets_go_of_the_cluster_before_it_asks_for_its_refill(tmp_path, monkeypatch):
+    """At a warm run's exit the refill it spawns must find the cluster free (it asks for the workers at once,
+    before the next run holds the lock), so the run releases the lock first."""
+    seen = []
+    monkeypatch.setattr(warm_workers, "spawn_refill", lambda rec: seen.append(warm_workers.runs_active(rec["temp_dir"])))
+    try:
+        assert warm_workers.hold_run_lock(str(tmp_path))
+        warm_workers.refill_at_exit({"temp_dir": str(tmp_path)})
+    finally:
+        warm_workers.release_run_lock()
+    assert seen == [False]
