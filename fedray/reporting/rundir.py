@@ -27,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -203,8 +204,6 @@ class TensorBoardLogger:
     def log(self, row: dict) -> None:
         """Every number of the row (:func:`fedray.reporting.trackers.scalar_metrics`, as for MLflow and W&B), one
         event per round."""
-        import time
-
         from fedray.reporting.trackers import scalar_metrics
 
         values = [self._summary.Value(tag=key, simple_value=float(v)) for key, v in scalar_metrics(row).items()]
