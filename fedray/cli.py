@@ -19,8 +19,17 @@
 
 from __future__ import annotations
 
-import argparse
-import sys
+import time
+
+#: When this interpreter reached fedray's command line, as ``(time.perf_counter(), time.process_time())``:
+#: the ``fedray`` command, ``python -m fedray`` and ``jobs.train`` import this module before anything else
+#: that takes time. :func:`process_start` tells from it whether the process start that /proc records is the
+#: interpreter's own (the usual case) or a shell's that ran other steps before it exec'd the interpreter
+#: (``scripts/demo.sh``; exec keeps the pid, and so the recorded start).
+ENTERED = (time.perf_counter(), time.process_time())
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
 
 
 def _dry_run(args) -> int:
@@ -45,7 +54,7 @@ def _dry_run(args) -> int:
     return 0
 
 
-#: Wall seconds a process may spend off the CPU before fedray's first line and still count as an interpreter
+#: Wall seconds a process may spend off the CPU before :data:`ENTERED` and still count as an interpreter
 #: starting (reading its files, waiting for a busy CPU: about 0.02 s on an idle machine); more is a shell
 #: that waited for earlier steps and then exec'd the interpreter.
 EXEC_WAIT_S = 0.5
@@ -59,16 +68,13 @@ def process_start() -> float:
     Normally the process's start from /proc (:func:`fedray.core.procinfo.proc_age_seconds`). But ``exec``
     keeps the pid, and with it the start /proc records: ``scripts/demo.sh`` runs its set-up (a minute the
     first time) and then execs ``fedray`` in the same process. An interpreter's own start is CPU work, so
-    when the wall time before fedray's first line (:data:`fedray.ENTERED`) exceeds the process's CPU time
-    by more than :data:`EXEC_WAIT_S`, the process waited for something else first: the start is then
-    fedray's first line less the CPU time used so far (the interpreter's start, plus the few milliseconds a
-    shell computes itself). Where /proc is missing: fedray's first line."""
-    import time
-
-    import fedray
+    when the wall time before this module was imported (:data:`ENTERED`) exceeds the process's CPU time by
+    more than :data:`EXEC_WAIT_S`, the process waited for something else first: the start is then that
+    moment less the CPU time used so far (the interpreter's start, plus the few milliseconds a shell
+    computes itself). Where /proc is missing: that moment."""
     from fedray.core.procinfo import proc_age_seconds
 
-    entered, cpu = fedray.ENTERED
+    entered, cpu = ENTERED
     age = proc_age_seconds()
     if age is None:
         return entered
