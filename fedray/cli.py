@@ -98,11 +98,33 @@ def run_command(args, t0: float | None = None, log=print):
                                 progress=not args.quiet, overwrite=args.overwrite)
 
 
+class FinishedRun:
+    """What :func:`run_with_early_start` returns when the run directory of a new run already holds this same
+    config's finished run: nothing was started (no Ray, no data), as ``make`` leaves a built target alone."""
+
+    interrupted = False
+
+    def __init__(self, run_dir):
+        from pathlib import Path
+
+        self.run_dir = Path(run_dir)
+
+
 def run_with_early_start(cfg, resume=None, *, t0: float | None, address: str | None = None, warm: bool = False,
                          log=print, **run_kw):
     """Begin Ray's early start (Ray and the run's actors, in the background), then import the runner and
     run: ``fedray run`` and ``jobs.train`` (``ray job submit``). Nothing before the early start imports
-    torch, nor anything after it on a Ray run (tests/test_cli_imports.py). ``run_kw``: more of :func:`~fedray.engine.runner.run_experiment`'s."""
+    torch, nor anything after it on a Ray run (tests/test_cli_imports.py). ``run_kw``: more of :func:`~fedray.engine.runner.run_experiment`'s.
+
+    First, before anything starts, the run directory of a new run (:func:`fedray.engine.claim.check_run_dir`):
+    one that holds this config's finished run returns a :class:`FinishedRun`; one that holds another run
+    (failed, interrupted, another config's) raises ``ConfigError``, unless ``overwrite``."""
+    if cfg is not None and resume is None:
+        from fedray.engine.claim import check_run_dir, run_dir_of
+
+        path = run_dir_of(cfg)
+        if not check_run_dir(path, cfg, overwrite=run_kw.get("overwrite", False), finished_ok=True):
+            return FinishedRun(path)
     from fedray.engine.launch import early_start
 
     early = early_start(cfg, resume, address, warm=warm, log=log, t0=t0)
@@ -112,6 +134,23 @@ def run_with_early_start(cfg, resume=None, *, t0: float | None, address: str | N
                           **run_kw)
 
 
+def result_table(run_dir) -> str:
+    """The table ``fedray run`` prints at the end of a run (:func:`fedray.reporting.report.format_table`)."""
+    from fedray.reporting.report import format_table, summarize
+    from fedray.reporting.rundir import RunDir
+
+    return format_table([summarize(RunDir(run_dir))])
+
+
+def already_finished(res: FinishedRun, prog: str, table: bool = True) -> None:
+    """What ``fedray run`` and ``jobs.train`` print for a :class:`FinishedRun`: its result table (unless not
+    ``table``) and that nothing was run."""
+    if table:
+        print(result_table(res.run_dir))
+    print(f"{prog}: {res.run_dir} already holds this config's finished run: nothing was run; add --overwrite to "
+          f"run it again (deletes its results)", file=sys.stderr)
+
+
 def _cmd_run(args) -> int:
     if args.dry_run:
         return _dry_run(args)
@@ -119,11 +158,10 @@ def _cmd_run(args) -> int:
         print("fedray run: give a CONFIG file or --resume RUN_DIR", file=sys.stderr)
         return 2
     res = run_command(args, t0=process_start())
-    if res.rounds and not args.quiet:
-        from fedray.reporting.report import format_table, summarize
-        from fedray.reporting.rundir import RunDir
-
-        print(format_table([summarize(RunDir(res.run_dir))]))
+    if isinstance(res, FinishedRun):
+        already_finished(res, "fedray run", table=not args.quiet)
+    elif res.rounds and not args.quiet:
+        print(result_table(res.run_dir))
     print(f"run directory: {res.run_dir}")
     return 130 if res.interrupted else 0
 

@@ -6,7 +6,9 @@
 
 The driver connects with plain ``ray.init()``: under a job the supervisor's ``RAY_ADDRESS`` is used,
 on a laptop a local Ray starts. ``ray job stop`` sends SIGTERM; the run writes a checkpoint and the
-job can be resubmitted with ``--resume RUN_DIR``. The last line printed names the run directory. The process
+job can be resubmitted with ``--resume RUN_DIR``. The last line printed names the run directory. A config whose
+run directory already holds its finished run prints that run's result table and starts nothing (``--overwrite``
+runs it again); a run directory holding a failed or interrupted run is refused before Ray starts. The process
 ends as ``fedray run``'s does (:func:`fedray.core.process_exit.leave`).
 """
 
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="a.b=c config overrides")
     args = ap.parse_args(argv)
 
-    from fedray.cli import process_start, run_with_early_start
+    from fedray.cli import FinishedRun, already_finished, process_start, run_with_early_start
     from fedray.config import ConfigError, load_config
 
     t0 = process_start()  # the start-up it reports counts from here, as `fedray run`'s does
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"jobs.train: error: {e}", file=sys.stderr)
         return 2
+    if isinstance(res, FinishedRun):  # this config's run is already done: its table, nothing started
+        already_finished(res, "jobs.train")
     print(f"run directory: {res.run_dir.resolve()}")
     return 130 if res.interrupted else 0
 

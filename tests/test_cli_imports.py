@@ -112,6 +112,81 @@ def test_proc_age_seconds():
     assert proc_age_seconds(2**22 + 1) is None  # above the kernel's pid limit: no such process
 
 
+RERUN = textwrap.dedent("""
+    import json, sys
+    import fedray.engine.launch as launch
+
+    def early_start(*args, **kwargs):  # Ray's start (in the background) would begin here
+        print("EARLY START", flush=True)
+        sys.exit(99)
+
+    launch.early_start = early_start
+    config, heavy, entry, *extra = sys.argv[1:]
+    if entry == "fedray":
+        from fedray.cli import main
+        rc = main(["run", config, *extra])
+    else:  # the entry point of `ray job submit`
+        from jobs.train import main
+        rc = main(["--config", config, *extra])
+    print(json.dumps({"rc": rc, "imported": sorted(m for m in heavy.split(",") if m in sys.modules)}))
+""")
+
+
+def _rerun(config, entry: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """``fedray run CONFIG`` / ``jobs.train --config CONFIG`` with Ray's early start replaced by an exit 99: the
+    process and, when the command returned, its exit status and the heavy modules it imported."""
+    proc = subprocess.run([sys.executable, "-c", RERUN, str(config), ",".join(HEAVY), entry, *extra],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    return proc, json.loads(last[0]) if last[0].startswith("{") else None
+
+
+def test_a_finished_run_s_rerun_prints_its_table_and_starts_nothing(tmp_path):
+    """Make-like: `fedray run CONFIG` (and `jobs.train`) whose run directory holds this config's finished run
+    prints that run's result table, says nothing was run and how to run it again, and exits 0, before Ray's
+    early start and without torch, Ray or the data. A failed or interrupted run there is refused as before,
+    also before Ray starts; --overwrite and --resume go on to the run."""
+    cfg = write_tiny_config(tmp_path, "ray", rounds=1)
+    first = subprocess.run([sys.executable, "-m", "fedray", "run", str(cfg), "engine.backend=local"],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert first.returncode == 0, first.stderr[-2000:]
+    table = first.stdout.split("run directory:")[0].strip().splitlines()[-3:]  # the result table's lines
+    run = tmp_path / "runs" / "tiny"
+    for entry in ("fedray", "jobs.train"):
+        proc, out = _rerun(cfg, entry, "engine.backend=local")
+        assert out == {"rc": 0, "imported": []}, proc.stdout + proc.stderr[-2000:]
+        assert "EARLY START" not in proc.stdout
+        assert "\n".join(table) in proc.stdout  # the same table as at the end of the run
+        assert "already holds this config's finished run: nothing was run" in proc.stderr
+        assert "--overwrite" in proc.stderr
+        assert proc.stdout.strip().splitlines()[-2] == f"run directory: {run.resolve() if entry != 'fedray' else run}"
+    # the same output.name with another config: not this run, refused
+    proc, out = _rerun(cfg, "fedray", "engine.backend=local", "train.rounds=2")
+    assert out["rc"] == 2 and not {"ray", "torch"} & set(out["imported"]) and "EARLY START" not in proc.stdout
+    assert re.search(r"already holds a run \(status finished\) of another config .*--resume.*--overwrite", proc.stderr)
+
+    info = json.loads((run / "run.json").read_text())
+    for status in ("failed", "interrupted"):
+        (run / "run.json").write_text(json.dumps({**info, "status": status}))
+        for entry in ("fedray", "jobs.train"):
+            proc, out = _rerun(cfg, entry, "engine.backend=local")
+            assert out and out["rc"] == 2, proc.stdout + proc.stderr[-2000:]
+            assert not {"ray", "torch"} & set(out["imported"])  # (pyarrow: the error's own report imports it)
+            assert "EARLY START" not in proc.stdout
+            assert re.search(rf"already holds a run \(status {status}\); continue it with .*--resume.*--overwrite",
+                             proc.stderr)
+    (run / "run.json").write_text(json.dumps(info))
+    for entry in ("fedray", "jobs.train"):  # --overwrite: the run goes on (to Ray's start)
+        proc, _ = _rerun(cfg, entry, "--overwrite")
+        assert proc.returncode == 99 and "EARLY START" in proc.stdout, proc.stderr[-2000:]
+    assert json.loads((run / "run.json").read_text())["status"] == "finished"  # nothing deleted before the run
+    resume = subprocess.run([sys.executable, "-c", RERUN.replace('main(["run", config, *extra])',
+                                                                 'main(["run", "--resume", config])'),
+                             str(run), ",".join(HEAVY), "fedray"], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT)
+    assert resume.returncode == 99 and "EARLY START" in resume.stdout, resume.stderr[-2000:]
+
+
 WHOLE_RAY_RUN = textwrap.dedent("""
     import json, sys
     from fedray.cli import main

@@ -28,6 +28,7 @@ from fedray.core.io import atomic_write_bytes, atomic_write_text
 from fedray.data.sources import load_source
 from fedray.data.store import build_partition
 from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard, Trackers
+from fedray.engine.claim import check_run_dir, default_run_name
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.faults import FaultInjector
 from fedray.engine.launch import Actors, EarlyStart, coordinator_options, early_start, kill_actors, start_actors  # noqa: F401
@@ -67,10 +68,6 @@ class RunResult:
 
 class _Interrupted(Exception):
     pass
-
-
-def default_run_name(cfg: ExperimentConfig) -> str:
-    return cfg.output.name or f"{cfg.algorithm.name}-{config_hash(cfg)}"
 
 
 def prepare_data(cfg: ExperimentConfig, log=None):
@@ -115,19 +112,12 @@ class Run:
         return str(self.rd.state_path)
 
 
-def _claim_run_dir(rd: RunDir, overwrite: bool) -> None:
-    """A new run never lands on an earlier one's files: refuse, unless ``overwrite`` asks to delete them."""
-    if not rd.holds_run():
-        return
-    if not overwrite:
-        try:
-            status = rd.read_json("run.json").get("status", "?")
-        except (OSError, ValueError):
-            status = "unreadable run.json"
-        raise ConfigError(f"output: {rd.path} already holds a run (status {status}); continue it with "
-                          f"`fedray run --resume {rd.path}`, start it over with --overwrite (deletes its results), "
-                          f"or choose another output.name / output.root")
-    rd.clear()
+def _claim_run_dir(rd: RunDir, cfg: ExperimentConfig, overwrite: bool) -> None:
+    """A new run never lands on an earlier one's files: refuse (:func:`~fedray.engine.claim.check_run_dir`),
+    unless ``overwrite`` asks to delete them."""
+    check_run_dir(rd.path, cfg, overwrite=overwrite)
+    if rd.holds_run():
+        rd.clear()
 
 
 def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, overwrite: bool = False,
@@ -158,7 +148,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         early.check(cfg, store.meta)
     if resume is None:
         rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
-        _claim_run_dir(rd, overwrite)
+        _claim_run_dir(rd, cfg, overwrite)
     rd.create()
     info = {"config_hash": config_hash(cfg), "partition_hash": store.hash, "source": cfg.data.source,
             "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
