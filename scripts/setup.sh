@@ -60,6 +60,6 @@ fi
 # installation. Please be careful with folders in your working directory with the same name as your
 # package"): this checkout is that folder
 PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" \
-  step "installing fedray (editable) and its dependencies: ray, pyarrow, optuna, ..." "${pip[@]}" install -e ".[test]"
+  step "installing fedray (editable) with its dependencies (ray, pyarrow, optuna, ...)" "${pip[@]}" install -e ".[test]"
 echo "$want" > "$stamp"
 echo "[setup] $VENV ready in $((SECONDS - started)) s"
