@@ -203,9 +203,12 @@ def _cmd_partition(args) -> int:
     from fedray.data.stats import format_summary, partition_summary, plot_label_distribution
     from fedray.engine.runner import prepare_data
 
+    from fedray.plugins import check_driver
+
     cfg = load_config(args.config, args.overrides)
     if args.output_dir:
         cfg.data.cache_dir = args.output_dir
+    check_driver(cfg)  # the data source and partitioner exist (a plugin's are imported)
     from fedray.data.stats import client_rows, format_client_rows
     from fedray.core.io import atomic_write_text
 
@@ -238,32 +241,49 @@ def _cmd_partition(args) -> int:
 def _cmd_datasets(args) -> int:
     from fedray.algorithms import ALGORITHMS, SERVER_OPTIMIZERS
     from fedray.core.params import param_lines
+    from fedray.core.registry import is_builtin
     from fedray.data.partition import PARTITIONERS
-    from fedray.data.sources import SOURCES, list_sources
-    from fedray.models import list_models
+    from fedray.data.sources import SOURCES
+    from fedray.models import MODELS
 
-    def entry(name: str, text: str, params=None) -> None:
-        """One registry entry: its name and first description line, then its parameters (default, rule, doc)."""
+    if args.config or args.plugin:
+        from pathlib import Path
+
+        from fedray.config import from_dict, load_config, resolve_plugins
+        from fedray.plugins import load_plugins
+
+        cfg = load_config(args.config) if args.config else from_dict({})
+        if args.plugin:  # paths on the command line are relative to the working directory
+            extra = [str(Path(p).resolve()) if p.endswith(".py") or "/" in p else p for p in args.plugin]
+            cfg.plugins, cfg.plugin_code = [*cfg.plugins, *extra], {}
+            resolve_plugins(cfg, str(Path(args.config).resolve().parent) if args.config else None)
+        load_plugins(cfg)
+
+    def entry(reg, name: str, text: str, params=None) -> None:
+        """One registry entry: its name, first description line and the plugin it comes from, then its
+        parameters (default, rule, doc)."""
         text = (text or "").strip()
-        print(f"  {name:18s} {text.splitlines()[0] if text else ''}")
+        owner = reg.module(name)
+        origin = "" if is_builtin(owner) else f"  [plugin {owner}]"
+        print(f"  {name:18s} {text.splitlines()[0] if text else ''}{origin}")
         for line in param_lines(params or {}, indent=" " * 23):
             print(line)
 
     print("data sources (data.source; data.params):")
-    for name, desc in list_sources():
-        entry(name, desc, SOURCES[name].params)
+    for name, spec in sorted(SOURCES.items()):
+        entry(SOURCES, name, spec.description, spec.params)
     print("\npartitioners (data.partition.name; data.partition.params):")
     for name, spec in sorted(PARTITIONERS.items()):
-        entry(name, getattr(spec, "description", None) or getattr(spec, "doc", None), spec.params)
+        entry(PARTITIONERS, name, spec.doc, spec.params)
     print("\nmodels (model.name):")
-    for name, desc in list_models():
-        entry(name, desc)
+    for name, spec in MODELS.items():
+        entry(MODELS, name, spec.description)
     print("\nalgorithms (algorithm.name; algorithm.params):")
     for name, cls in sorted(ALGORITHMS.items()):
-        entry(name, cls.description, cls.params_spec)
+        entry(ALGORITHMS, name, cls.description, cls.params_spec)
     print("\nserver optimizers (server.name; server.params):")
     for name, cls in SERVER_OPTIMIZERS.items():
-        entry(name, cls.description, cls.params_spec)
+        entry(SERVER_OPTIMIZERS, name, cls.description, cls.params_spec)
     return 0
 
 
@@ -430,7 +450,11 @@ def _add_experiment_commands(sub) -> None:
 def _add_report_commands(sub) -> None:
     d = sub.add_parser("datasets", help="list data sources, partitioners, models and algorithms",
                        description="List every registered data source, partitioner, model, algorithm and "
-                                   "server optimizer with a one-line description.")
+                                   "server optimizer with a one-line description; with a CONFIG (or --plugin), "
+                                   "its plugins' entries too, each with the module it comes from.")
+    d.add_argument("config", nargs="?", metavar="CONFIG", help="an experiment config whose plugins: to list")
+    d.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="a plugin module (or path) to list as well; repeatable")
     d.set_defaults(func=_cmd_datasets)
 
     rep = sub.add_parser("report", help="tables and PNG plots from one or more run directories",

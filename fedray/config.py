@@ -220,6 +220,13 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    # the user's modules that register algorithms, models, sources, ... (fedray.core.plugin_loader; docs/extending.md):
+    # names, or paths to a .py file / package directory relative to the config file
+    plugins: list[str] = field(default_factory=list)
+    # filled when the config is read: each plugin module's source digest (hashed: edited code is another run) and
+    # the directory it was found in (not hashed: machine-specific)
+    plugin_code: dict[str, str] = field(default_factory=dict)
+    plugin_roots: dict[str, str] = field(default_factory=dict)
     source_path: str | None = None  # file the config was read from (not hashed)
 
     # ---------------------------------------------------------------- helpers
@@ -235,6 +242,8 @@ class ExperimentConfig:
 # Fields that do not change the numbers a run produces: excluded from the hash.
 _HASH_EXCLUDE = {
     "source_path",
+    "plugins",  # how the code was named (a path moves with the config); plugin_code is what ran
+    "plugin_roots",
     "output",
     "engine.backend",
     "engine.num_workers",
@@ -376,7 +385,11 @@ def read_config_file(path: str | Path) -> dict:
     return data
 
 
-def from_dict(data: dict, *, source_path: str | None = None, validate: bool = True) -> ExperimentConfig:
+def from_dict(data: dict, *, source_path: str | None = None, validate: bool = True,
+              base_dir: str | None = None) -> ExperimentConfig:
+    """The config of ``data`` (a mapping as a config file holds it). With ``validate``: every check that needs
+    neither the data nor the registries, and the ``plugins`` resolved (:func:`resolve_plugins`, relative to
+    ``base_dir``, by default the directory of ``source_path``)."""
     data = dict(data)
     data.pop("source_path", None)
     cfg = _build(ExperimentConfig, data)
@@ -385,19 +398,53 @@ def from_dict(data: dict, *, source_path: str | None = None, validate: bool = Tr
         cfg.server.lr = DEFAULT_SERVER_LR.get(cfg.server.name, 1.0)
     if validate:
         validate_config(cfg)
+        if base_dir is None and source_path is not None:
+            base_dir = str(Path(source_path).resolve().parent)
+        resolve_plugins(cfg, base_dir)
     return cfg
+
+
+def resolve_plugins(cfg: ExperimentConfig, base_dir: str | None) -> None:
+    """Fill ``plugin_code`` and ``plugin_roots`` from ``plugins`` (:func:`fedray.core.plugin_loader.resolve`: the
+    files found, nothing imported); a digest the config records already must match the code found."""
+    if not cfg.plugins and not cfg.plugin_code:
+        cfg.plugin_roots = {}
+        return
+    from fedray.core.plugin_loader import resolve
+
+    cfg.plugin_code, cfg.plugin_roots = resolve(cfg.plugins, base_dir=base_dir, recorded=cfg.plugin_code,
+                                                roots=cfg.plugin_roots)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *, base: dict | None = None) -> ExperimentConfig:
     """Read a YAML/TOML config (or start from ``base``), apply overrides, validate."""
     data = read_config_file(path) if path is not None else dict(base or {})
     data = apply_overrides(data, overrides or [])
-    cfg = from_dict(data, source_path=str(Path(path).resolve()) if path is not None else None)
-    if cfg.data.root is not None and path is not None and not os.path.isabs(os.path.expanduser(cfg.data.root)):
-        cand = (Path(path).resolve().parent / cfg.data.root)
-        if cand.exists():
-            cfg.data.root = str(cand)
-    return cfg
+    if path is not None:
+        data = anchor_to_file(data, path)
+    return from_dict(data, source_path=str(Path(path).resolve()) if path is not None else None)
+
+
+def anchor_to_file(data: dict, path: str | Path) -> dict:
+    """What in a config's mapping is relative to the file ``path`` it came from, made independent of it (in a
+    copy), so the mapping means the same wherever it is built later (sweep points, study trials): a relative
+    ``data.root`` that exists next to the file becomes absolute, and the ``plugins`` are resolved there
+    (``plugin_code`` and ``plugin_roots`` filled: :func:`resolve_plugins`)."""
+    data = copy.deepcopy(data)
+    here = Path(path).resolve().parent
+    root = (data.get("data") or {}).get("root") if isinstance(data.get("data"), dict) else None
+    if isinstance(root, str) and not os.path.isabs(os.path.expanduser(root)) and (here / root).exists():
+        data["data"]["root"] = str(here / root)
+    plugins = data.get("plugins")
+    if plugins:
+        if not isinstance(plugins, list):
+            raise ConfigError(f"plugins: expected a list of module names or paths, got {plugins!r}")
+        from fedray.core.plugin_loader import resolve
+
+        data["plugin_code"], data["plugin_roots"] = resolve(plugins, base_dir=str(here),
+                                                            recorded=data.get("plugin_code"),
+                                                            roots=data.get("plugin_roots"))
+    return data
 
 
 _POSITIVE = ParamSpec(None, "a number > 0 (or unset)", gt=0, nullable=True)
@@ -501,7 +548,7 @@ def validate_config(cfg: ExperimentConfig) -> None:
 
 # Fields added after runs existed: hashed only when they differ from this default, so the run names
 # (config hashes) of earlier configs stay the same.
-_HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "engine.fold_group": 1, "train.local_steps": None}
+_HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "engine.fold_group": 1, "train.local_steps": None, "plugin_code": {}}
 
 
 def _hash_view(d: dict, prefix: str = "", exclude: frozenset[str] | set[str] = frozenset()) -> dict:
@@ -512,7 +559,7 @@ def _hash_view(d: dict, prefix: str = "", exclude: frozenset[str] | set[str] = f
             continue
         if p in _HASH_ONLY_IF_NOT and v == _HASH_ONLY_IF_NOT[p]:
             continue
-        out[k] = _hash_view(v, p, exclude) if isinstance(v, dict) and not p.endswith("params") else v
+        out[k] = _hash_view(v, p, exclude) if isinstance(v, dict) and not p.endswith(("params", "plugin_code")) else v
     return out
 
 
@@ -553,4 +600,7 @@ def _frozen(v: Any) -> Any:
 def dump_config(cfg: ExperimentConfig) -> str:
     d = cfg.to_dict()
     d.pop("source_path", None)
+    for k in ("plugins", "plugin_code", "plugin_roots"):  # a config without plugins reads as it always did
+        if not d[k]:
+            del d[k]
     return yaml.safe_dump(d, sort_keys=False)

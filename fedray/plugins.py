@@ -9,7 +9,17 @@ from __future__ import annotations
 from fedray.config import ConfigError, ExperimentConfig
 
 __all__ = ["check_data_fit", "check_driver", "check_model", "check_output_root", "check_plugins", "check_registries",
-           "check_run"]
+           "check_run", "load_plugins"]
+
+
+def load_plugins(cfg: ExperimentConfig) -> list[str]:
+    """Import the config's ``plugins`` in this process (once; :func:`fedray.core.plugin_loader.load`), checking
+    that the code imported is the code the config's ``plugin_code`` records. The module names."""
+    if not cfg.plugins:
+        return []
+    from fedray.core.plugin_loader import load
+
+    return load(cfg.plugins, cfg.plugin_code, cfg.plugin_roots)
 
 
 def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
@@ -28,10 +38,17 @@ def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
 
 def check_driver(cfg: ExperimentConfig) -> None:
     """What the driver itself needs, without torch: a known data source (it loads the data) and the libraries
-    of the trackers it writes to (``output.mlflow`` / ``output.wandb``)."""
+    of the trackers it writes to (``output.mlflow`` / ``output.wandb``). The config's plugins are imported here
+    only when the data source or the partitioner is not a built-in (they run in the driver; a Ray run's
+    driver imports no other plugin code)."""
+    from fedray.core.registry import is_builtin
+    from fedray.data.partition import PARTITIONERS
     from fedray.data.sources import SOURCES
     from fedray.reporting.trackers import check_trackers
 
+    builtin = [(SOURCES, cfg.data.source), (PARTITIONERS, cfg.data.partition.name)]
+    if cfg.plugins and not all(name in reg and is_builtin(reg.module(name)) for reg, name in builtin):
+        load_plugins(cfg)  # a data source or partitioner of the user's: the driver runs it (prepare_data)
     if cfg.data.source not in SOURCES:
         raise ConfigError(f"data.source: unknown source {cfg.data.source!r} (known: {', '.join(sorted(SOURCES))})")
     check_trackers(cfg)
@@ -46,6 +63,7 @@ def check_plugins(cfg: ExperimentConfig) -> None:
     from fedray.engine.programs.fold_group import check_fold_group
     from fedray.models import MODELS
 
+    load_plugins(cfg)
     check_fold_group(cfg, algorithm_of(cfg))  # partial sums on the workers: refused for incompatible algorithms
     build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
     if cfg.model.name not in MODELS:
@@ -67,9 +85,37 @@ def check_model(cfg: ExperimentConfig, meta) -> None:
     from fedray.models import model_for_meta
 
     try:
-        model_for_meta(cfg.model.name, meta, **cfg.model.params)
+        model = model_for_meta(cfg.model.name, meta, **cfg.model.params)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model.params: {e}") from None
+    check_model_needs(cfg, model)
+
+
+def check_model_needs(cfg: ExperimentConfig, model) -> None:
+    """The model offers what the algorithm declares it needs (``Algorithm.model_needs``) and what
+    ``eval.analysis_every`` needs (the ``embedding`` tap): a ConfigError naming the algorithm, the model (and the
+    plugin it comes from) and what it lacks, before any work."""
+    from fedray.algorithms import ALGORITHMS
+    from fedray.algorithms.base import MODEL_NEEDS
+    from fedray.core.registry import is_builtin
+    from fedray.models import MODELS, FedModel
+
+    def has(need: str) -> bool:
+        if not isinstance(model, FedModel):
+            return False
+        return "embedding" in model.feature_taps if need == "features" else bool(model.split_points)
+
+    owner = MODELS.module(cfg.model.name)
+    what = f"model {cfg.model.name!r}{'' if is_builtin(owner) else f' (plugin {owner})'}, a {type(model).__name__}"
+    fix = ("build it as a fedray.FedModel, or return fedray.FedModel.wrap(features, classifier) from its builder "
+           "(docs/extending.md)")
+    for need in ALGORITHMS[cfg.algorithm.name].model_needs:
+        if not has(need):
+            raise ConfigError(f"algorithm.name: {cfg.algorithm.name!r} needs {MODEL_NEEDS[need]} of the model, which "
+                              f"{what} lacks; {fix}")
+    if cfg.eval.analysis_every and not has("features"):
+        raise ConfigError(f"eval.analysis_every: the feature analysis needs {MODEL_NEEDS['features']}, which {what} "
+                          f"lacks; {fix}, or set eval.analysis_every: 0")
 
 
 def check_run(cfg: ExperimentConfig, meta) -> None:

@@ -52,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from fedray.config import ConfigError, ExperimentConfig, apply_overrides, from_dict, read_config_file
+from fedray.config import ConfigError, ExperimentConfig, anchor_to_file, apply_overrides, from_dict, read_config_file
 
 #: metrics computed by the runner from the whole run (anything else is a per-round key)
 DERIVED_METRICS = ("accuracy", "ema_accuracy", "mean_last5", "bytes_total")
@@ -374,7 +374,7 @@ def _load_base(raw, study_dir: Path | None) -> tuple[dict, str | None]:
     if raw is None:
         raise ConfigError("base_config: required (a config file path or an inline mapping)")
     if isinstance(raw, dict):
-        return copy.deepcopy(raw), None
+        return (anchor_to_file(raw, study_dir / "study.yaml") if study_dir is not None else copy.deepcopy(raw)), None
     if not isinstance(raw, str) or not raw.strip():
         raise ConfigError(f"base_config: expected a config file path or a mapping, got {raw!r}")
     cands = []
@@ -391,12 +391,7 @@ def _load_base(raw, study_dir: Path | None) -> tuple[dict, str | None]:
                 data = read_config_file(c)
             except ConfigError as e:
                 raise ConfigError(f"base_config: {e}") from None
-            root = (data.get("data") or {}).get("root") if isinstance(data.get("data"), dict) else None
-            if isinstance(root, str) and not os.path.isabs(os.path.expanduser(root)):
-                cand = c.resolve().parent / root
-                if cand.exists():
-                    data["data"]["root"] = str(cand)
-            return data, str(c.resolve())
+            return anchor_to_file(data, c), str(c.resolve())
     raise ConfigError(f"base_config: file {raw!r} not found (looked in {', '.join(str(c) for c in cands)})")
 
 

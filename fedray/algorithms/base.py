@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from fedray.config import ConfigError
 from fedray.core.params import ParamSpec, check_params
+from fedray.core.registry import Registry, RegistryError
 from fedray.core.seeds import PURPOSES
 from fedray.losses import proximal_term
 
@@ -128,6 +129,11 @@ class Algorithm:
     # once with stacked parameters, for local losses CE(model(x), y) + mu/2 ||w - w_broadcast||^2 only. A class
     # opts in by setting this *itself*: it is not inherited, since subclasses usually change the loss.
     supports_multi_client: bool = False
+    # What the algorithm needs of the model besides ``forward(x) -> logits``, checked before any work
+    # (:func:`fedray.plugins.check_model_needs`): "features" (``forward_features`` with an ``embedding`` tap) and
+    # "split" (named split points): a :class:`~fedray.models.base.FedModel`, e.g. ``FedModel.wrap(features,
+    # classifier)``. A plain ``torch.nn.Module`` serves every algorithm that declares nothing.
+    model_needs: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -378,15 +384,29 @@ def reject_defaults_table(cls: type) -> None:
 
 
 # ------------------------------------------------------------------------------- registry
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", "fedray.register_algorithm")
+#: what an algorithm may need of a model (``Algorithm.model_needs``), as errors describe it
+MODEL_NEEDS = {"features": "feature taps (forward_features(x, taps) with an 'embedding' tap)",
+               "split": "split points (split(point) into a client and a server part)"}
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: register an :class:`Algorithm` subclass under its ``name`` (the built-ins use it; a
+    plugin's public name for it is :func:`fedray.register_algorithm`). A name another module registered is
+    refused, naming both modules."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise RegistryError(f"register_algorithm: expected a subclass of fedray.algorithms.Algorithm, got {cls!r}")
     if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if cls.name in ALGORITHMS and ALGORITHMS[cls.name] is not cls:
-        raise ValueError(f"algorithm {cls.name!r} registered twice")
-    ALGORITHMS[cls.name] = cls
+        raise RegistryError(f"register_algorithm: {cls.__module__}.{cls.__qualname__} has no name (set the class "
+                            f"attribute name = '...')")
+    if cls.program not in ("federated", "split"):
+        raise RegistryError(f"register_algorithm: {cls.__qualname__}.program must be 'federated' or 'split', got "
+                            f"{cls.program!r}")
+    bad = sorted(set(cls.model_needs) - set(MODEL_NEEDS)) if isinstance(cls.model_needs, tuple) else [cls.model_needs]
+    if bad:
+        raise RegistryError(f"register_algorithm: {cls.__qualname__}.model_needs must be a tuple of "
+                            f"{' / '.join(map(repr, MODEL_NEEDS))}, got {cls.model_needs!r}")
+    ALGORITHMS.add(cls.name, cls, cls.__module__)
     return cls
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from fedray.algorithms.base import ClientHints, reject_defaults_table
 from fedray.config import ConfigError
 from fedray.core.params import ParamSpec, check_params
+from fedray.core.registry import Registry, RegistryError
 
 
 class ServerOptimizer:
@@ -130,7 +131,24 @@ class FedACG(ServerOptimizer):
         return (w_hat + np.float32(self.lr) * delta).astype(np.float32, copy=False)
 
 
-SERVER_OPTIMIZERS = {c.name: c for c in (ServerOptimizer, FedAvgM, FedAdam, FedACG)}
+SERVER_OPTIMIZERS: Registry[type[ServerOptimizer]] = Registry("server optimizer", "fedray.register_server_optimizer")
+
+
+def register_server_optimizer(cls: type[ServerOptimizer]) -> type[ServerOptimizer]:
+    """Class decorator: register a :class:`ServerOptimizer` subclass under its ``name`` (``server.name``); a name
+    another module registered is refused, naming both modules."""
+    if not (isinstance(cls, type) and issubclass(cls, ServerOptimizer)):
+        raise RegistryError(f"register_server_optimizer: expected a subclass of fedray.algorithms.server_opt."
+                            f"ServerOptimizer, got {cls!r}")
+    if not cls.name or (cls.name == ServerOptimizer.name and cls is not ServerOptimizer):
+        raise RegistryError(f"register_server_optimizer: {cls.__module__}.{cls.__qualname__} needs a name of its own "
+                            f"(class attribute name = '...')")
+    SERVER_OPTIMIZERS.add(cls.name, cls, cls.__module__)
+    return cls
+
+
+for _cls in (ServerOptimizer, FedAvgM, FedAdam, FedACG):
+    register_server_optimizer(_cls)
 
 
 def build_server_optimizer(name: str, lr: float = 1.0, params: dict | None = None) -> ServerOptimizer:

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedray.config import (ConfigError, ExperimentConfig, apply_overrides, config_hash, from_dict, hashed_fields,
-                           parse_override, read_config_file)
+from fedray.config import (ConfigError, ExperimentConfig, anchor_to_file, apply_overrides, config_hash, from_dict,
+                           hashed_fields, parse_override, read_config_file)
 from fedray.engine.runner import default_run_name
 from fedray.plugins import check_registries
 from fedray.reporting.seeds import check_metric, field_label
@@ -189,20 +189,16 @@ def _excluded(data: dict, fields: list[str], combos: list[dict]) -> list[bool]:
 
 def read_base(base: Any, here: Path, *, inline: bool = True) -> dict:
     """The base experiment of a sweep or scale file as a dict: the config file ``base`` names (relative to
-    ``here``; a relative ``data.root`` resolved against it, as ``fedray run`` does) or, with ``inline``, a
-    mapping given in place."""
+    ``here``; its relative ``data.root`` and ``plugins`` anchored to it as ``fedray run`` does:
+    :func:`~fedray.config.anchor_to_file`) or, with ``inline``, a mapping given in place (anchored to ``here``)."""
     if isinstance(base, str):
         bp = Path(base).expanduser()
         bp = bp if bp.is_absolute() else here / bp
         if not bp.is_file():
             raise ConfigError(f"base: experiment config {str(bp)!r} does not exist")
-        cfg = read_config_file(bp)
-        root = cfg.get("data", {}).get("root") if isinstance(cfg.get("data"), dict) else None
-        if isinstance(root, str) and not Path(root).expanduser().is_absolute() and (bp.parent / root).exists():
-            cfg["data"]["root"] = str(bp.parent / root)
-        return cfg
+        return anchor_to_file(read_config_file(bp), bp)
     if inline and isinstance(base, dict):
-        return copy.deepcopy(base)
+        return anchor_to_file(base, here / "sweep.yaml")  # relative to the sweep file's directory
     what = "the path of an experiment config" + (" or an inline config mapping" if inline else "")
     raise ConfigError(f"base: expected {what}, got {base!r}")
 

@@ -36,17 +36,12 @@ from typing import Any
 import numpy as np
 
 from fedray.core.params import ParamSpec, check_params, check_value
+from fedray.core.registry import Registry, RegistryError, caller_module
 
 from .table import DataError
 
-__all__ = [
-    "PARTITIONERS",
-    "ParamSpec",
-    "PartitionerSpec",
-    "partition_indices",
-    "canonical_params",
-    "label_stats",
-]
+__all__ = ["PARTITIONERS", "ParamSpec", "PartitionerSpec", "partition_indices", "canonical_params", "label_stats",
+           "register_partitioner"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,82 +390,105 @@ def _natural(labels, num_clients, seed, domains, natural, *, allow_fewer):
 _ATTEMPTS = ParamSpec(100, "redraws allowed to satisfy min_partition_size before failing", int, ge=1)
 _MIN_SIZE = ParamSpec(0, "redraw until every client has at least this many rows (0 = never)", int, ge=0)
 
-PARTITIONERS: dict[str, PartitionerSpec] = {
-    spec.name: spec
-    for spec in [
-        PartitionerSpec(
-            "iid",
-            _iid,
-            _iid.__doc__,
-            {"remainder": ParamSpec("drop", "'drop' (equal sizes floor(M/N)) or 'spread' (first M mod N clients get one more)",
-                                   choices=("drop", "spread"))},
-        ),
-        PartitionerSpec(
-            "dirichlet",
-            _dirichlet,
-            _dirichlet.__doc__,
-            {
-                # a number or a list: checked by _positive_alpha
-                "alpha": ParamSpec(0.3, "Dirichlet concentration (> 0), a number or one value per client"),
-                "min_partition_size": _MIN_SIZE,
-                "self_balancing": ParamSpec(False, "give proportion 0 to clients already holding more than M/N rows", bool),
-                "max_attempts": _ATTEMPTS,
-            },
-            allows_empty=True,
-        ),
-        PartitionerSpec(
-            "balanced_dirichlet",
-            _balanced_dirichlet,
-            _balanced_dirichlet.__doc__,
-            {"alpha": ParamSpec(0.3, "Dirichlet concentration (> 0) of each client's class weights", float, gt=0)},
-        ),
-        PartitionerSpec(
-            "shards",
-            _shards,
-            _shards.__doc__,
-            {"shards_per_client": ParamSpec(2, "gamma: class-sorted shards per client", int, ge=1)},
-        ),
-        PartitionerSpec(
-            "classes_per_client",
-            _classes_per_client,
-            _classes_per_client.__doc__,
-            {
-                "classes": ParamSpec(2, "alpha: number of classes each client holds", int, ge=1),
-                "assignment": ParamSpec("first-deterministic", "'first-deterministic', 'deterministic' or 'random'",
-                                        choices=("first-deterministic", "deterministic", "random")),
-            },
-        ),
-        PartitionerSpec(
-            "dirichlet_sizes",
-            _dirichlet_sizes,
-            _dirichlet_sizes.__doc__,
-            {
-                "alpha": ParamSpec(0.5, "Dirichlet concentration (> 0) over client sizes", float, gt=0),
-                "min_partition_size": _MIN_SIZE,
-                "max_attempts": _ATTEMPTS,
-            },
-        ),
-        PartitionerSpec(
-            "domain",
-            _domain,
-            _domain.__doc__,
-            {
-                "clients_per_domain": ParamSpec(1, "clients drawn from each domain", int, ge=1),
-                "balance": ParamSpec("balanced", "'balanced' (equal sizes) or 'imbalanced' (Dirichlet sizes)",
-                                     choices=("balanced", "imbalanced")),
-                "alpha": ParamSpec(0.5, "Dirichlet concentration (> 0) of the imbalanced sizes", float, gt=0),
-            },
-            needs="domains",
-        ),
-        PartitionerSpec(
-            "natural",
-            _natural,
-            _natural.__doc__,
-            {"allow_fewer": ParamSpec(True, "accept num_clients below the number of natural ids (use the first N)", bool)},
-            needs="natural",
-        ),
-    ]
-}
+PARTITIONERS: Registry[PartitionerSpec] = Registry("partitioner", "fedray.register_partitioner")
+
+
+def register_partitioner(name: str, fn: Callable | None = None, *, description: str = "",
+                         params: dict[str, ParamSpec] | None = None, allows_empty: bool = False,
+                         needs: str | None = None, module: str | None = None):
+    """Register ``fn(labels, num_clients, rng_seed, domains, natural, **params) -> list of row-index arrays`` (one
+    per client) under ``name`` (``data.partition.name``); also a decorator. It runs in the driver (keep its module
+    free of torch). A name another module registered is refused, naming both modules (:class:`PartitionerSpec`)."""
+    if params is not None and not (isinstance(params, dict) and all(isinstance(v, ParamSpec) for v in params.values())):
+        raise RegistryError(f"register_partitioner: params of {name!r} must map names to fedray.ParamSpec")
+    if needs not in (None, "domains", "natural"):
+        raise RegistryError(f"register_partitioner: needs must be None, 'domains' or 'natural', got {needs!r}")
+    owner = module or caller_module()
+
+    def add(f):
+        if not callable(f):
+            raise RegistryError(f"register_partitioner: the function of {name!r} must be callable, got {f!r}")
+        doc = description or (f.__doc__ or "").strip().split("\n")[0]
+        PARTITIONERS.add(name, PartitionerSpec(name, f, doc, dict(params or {}), allows_empty, needs), owner)
+        return f
+
+    return add if fn is None else add(fn)
+
+
+for _spec in [
+    PartitionerSpec(
+        "iid",
+        _iid,
+        _iid.__doc__,
+        {"remainder": ParamSpec("drop", "'drop' (equal sizes floor(M/N)) or 'spread' (first M mod N clients get one more)",
+                               choices=("drop", "spread"))},
+    ),
+    PartitionerSpec(
+        "dirichlet",
+        _dirichlet,
+        _dirichlet.__doc__,
+        {
+            # a number or a list: checked by _positive_alpha
+            "alpha": ParamSpec(0.3, "Dirichlet concentration (> 0), a number or one value per client"),
+            "min_partition_size": _MIN_SIZE,
+            "self_balancing": ParamSpec(False, "give proportion 0 to clients already holding more than M/N rows", bool),
+            "max_attempts": _ATTEMPTS,
+        },
+        allows_empty=True,
+    ),
+    PartitionerSpec(
+        "balanced_dirichlet",
+        _balanced_dirichlet,
+        _balanced_dirichlet.__doc__,
+        {"alpha": ParamSpec(0.3, "Dirichlet concentration (> 0) of each client's class weights", float, gt=0)},
+    ),
+    PartitionerSpec(
+        "shards",
+        _shards,
+        _shards.__doc__,
+        {"shards_per_client": ParamSpec(2, "gamma: class-sorted shards per client", int, ge=1)},
+    ),
+    PartitionerSpec(
+        "classes_per_client",
+        _classes_per_client,
+        _classes_per_client.__doc__,
+        {
+            "classes": ParamSpec(2, "alpha: number of classes each client holds", int, ge=1),
+            "assignment": ParamSpec("first-deterministic", "'first-deterministic', 'deterministic' or 'random'",
+                                    choices=("first-deterministic", "deterministic", "random")),
+        },
+    ),
+    PartitionerSpec(
+        "dirichlet_sizes",
+        _dirichlet_sizes,
+        _dirichlet_sizes.__doc__,
+        {
+            "alpha": ParamSpec(0.5, "Dirichlet concentration (> 0) over client sizes", float, gt=0),
+            "min_partition_size": _MIN_SIZE,
+            "max_attempts": _ATTEMPTS,
+        },
+    ),
+    PartitionerSpec(
+        "domain",
+        _domain,
+        _domain.__doc__,
+        {
+            "clients_per_domain": ParamSpec(1, "clients drawn from each domain", int, ge=1),
+            "balance": ParamSpec("balanced", "'balanced' (equal sizes) or 'imbalanced' (Dirichlet sizes)",
+                                 choices=("balanced", "imbalanced")),
+            "alpha": ParamSpec(0.5, "Dirichlet concentration (> 0) of the imbalanced sizes", float, gt=0),
+        },
+        needs="domains",
+    ),
+    PartitionerSpec(
+        "natural",
+        _natural,
+        _natural.__doc__,
+        {"allow_fewer": ParamSpec(True, "accept num_clients below the number of natural ids (use the first N)", bool)},
+        needs="natural",
+    ),
+]:
+    PARTITIONERS.add(_spec.name, _spec, __name__)
 
 
 def _validate_params(name: str, params: dict[str, Any], num_clients: int, m: int | None) -> dict[str, Any]:

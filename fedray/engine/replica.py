@@ -16,6 +16,7 @@ from fedray.data.loader import Augment
 from fedray.data.store import PartitionStore
 from fedray.engine.spec import WorkerSpec
 from fedray.models import model_for_meta
+from fedray.plugins import load_plugins
 
 __all__ = ["Replica", "coordinator_device"]
 
@@ -33,6 +34,7 @@ class Replica:
     def __init__(self, cfg_dict: dict, partition_path: str, device, *, gpu_fraction: float | None = None,
                  seed_model: bool = False):
         cfg = from_dict(cfg_dict, validate=False)
+        load_plugins(cfg)  # the user's modules, before anything is built from the registries
         self.cfg = cfg
         torch.set_num_threads(max(1, int(cfg.engine.torch_threads)))
         if device == "auto":

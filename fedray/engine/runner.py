@@ -154,6 +154,10 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
             "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
             "python": platform.python_version(), "status": "running",
             "num_clients": int(store.num_clients), "partition_path": str(store.path)}
+    if cfg.plugins:  # the user's code this run ran: digests (also in the config hash), origins, versions
+        from fedray.core.plugin_loader import provenance
+
+        info["plugins"] = provenance(cfg.plugin_code, cfg.plugin_roots)
     trackers = Trackers(rd, open_trackers(cfg, rd.path, rd.path.name), log)
     trackers.start(cfg, info)  # one that cannot start fails here, before run.json claims the directory
     if resume is None:

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from fedray.core.registry import Registry, RegistryError, caller_module
 from fedray.models.base import FedModel
 from fedray.models.zoo import (
     CNN4,
@@ -28,7 +29,7 @@ from fedray.models.zoo import (
     _ints_opt,
 )
 
-__all__ = ["ModelSpec", "MODELS", "build_model", "model_for_meta", "list_models"]
+__all__ = ["ModelSpec", "MODELS", "build_model", "model_for_meta", "list_models", "register_model"]
 
 
 @dataclass(frozen=True)
@@ -109,31 +110,60 @@ def _b_backbone_mlp(inp: InputSpec, nc: int, backbone, backbone_options, hidden,
     return out
 
 
-MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in [
-        ModelSpec("fedavg_cnn", "FedAvg MNIST CNN (2 conv 5x5 + 2 fc, 1,663,370 params at 1x28x28/10); bench workload",
-                  _b_fedavg_cnn, {"hidden": 512}),
-        ModelSpec("cnn4", "FedCCL 4-layer CNN for MNIST/FMNIST (2 conv + 2 fc, 128-d embedding)",
-                  _b_cnn4, {"channels": (32, 64), "embed_dim": 128}),
-        ModelSpec("cnn5", "FedCCL 5-layer CNN for CIFAR-10 (MOON SimpleCNN layout: 2 conv + 3 fc, 128-d embedding)",
-                  _b_cnn5, {"channels": (6, 16), "hidden": 120, "embed_dim": 128}),
-        ModelSpec("cnn_taps", "small GroupNorm residual CNN with FedRCL's five taps l1..l5 for CPU-scale runs",
-                  _b_cnn_taps, {"widths": (16, 32, 64, 96), "gn_groups": 2}),
-        ModelSpec("resnet18_gn", "FedRCL ResNet-18: GroupNorm(2), 3x3 stride-1 stem, no max-pool, taps l1..l5",
-                  _b_resnet((2, 2, 2, 2)), {"norm": "gn", "gn_groups": 2, "width": 64}),
-        ModelSpec("resnet10_gn", "ResNet-10 (BasicBlocks [1,1,1,1]) with the FedRCL stem/norm/taps",
-                  _b_resnet((1, 1, 1, 1)), {"norm": "gn", "gn_groups": 2, "width": 64}),
-        ModelSpec("alexnet_split", "SCALA AlexNet-style CNN: 5 conv + 3 fc, client = first 6 layers (split 'block2')",
-                  _b_alexnet, {"channels": (32, 64, 128, 256, 256), "fc": (1024, 512), "dropout": 0.5}),
-        ModelSpec("mlp", "MLP for vector data; hidden=[] is multinomial logistic regression (FedProx Synthetic)",
-                  _b_mlp, {"hidden": ()}, inputs="any"),
-        ModelSpec("cnn_backbone_mlp", "FedCCL inter-domain: backbone (default cnn5, from scratch unless "
-                  "backbone_weights) + 2-layer MLP head", _b_backbone_mlp,
-                  {"backbone": "cnn5", "backbone_options": {}, "hidden": 128, "freeze_backbone": False,
-                   "backbone_weights": None}, inputs="any"),
-    ]
-}
+MODELS: Registry[ModelSpec] = Registry("model", "fedray.register_model")
+
+
+def register_model(name, builder=None, *, description: str = "", options: dict | None = None, inputs: str = "any",
+                   module: str | None = None):
+    """Register a model builder under ``name`` (``model.name``); usable as ``register_model(name, builder)`` or as a
+    decorator ``@register_model(name, options={...})``.
+
+    ``builder(inp, num_classes, **options) -> torch.nn.Module``: ``inp`` is an :class:`InputSpec` (``in_channels``,
+    ``height``, ``width`` for images, ``input_dim`` for vectors); ``options`` declares every keyword the builder
+    accepts with its default (``model.params`` may set them; an unknown one is refused before any work).
+    ``inputs``: ``"image"``, ``"vector"`` or ``"any"``. The module must return a ``torch.nn.Module`` whose
+    ``forward(x)`` gives the logits; a :class:`~fedray.models.base.FedModel` (or ``FedModel.wrap``) adds the
+    feature taps and split points some algorithms need (docs/extending.md). A name another module registered is
+    refused, naming both modules."""
+    if inputs not in ("image", "vector", "any"):
+        raise RegistryError(f"register_model: inputs must be 'image', 'vector' or 'any', got {inputs!r}")
+    if options is not None and not isinstance(options, dict):
+        raise RegistryError(f"register_model: options must be a mapping of option -> default, got {options!r}")
+    owner = module or caller_module()
+
+    def add(fn):
+        if not callable(fn):
+            raise RegistryError(f"register_model: the builder of {name!r} must be callable, got {fn!r}")
+        MODELS.add(name, ModelSpec(name, description or (fn.__doc__ or "").strip().split("\n")[0], fn,
+                                   dict(options or {}), inputs), owner)
+        return fn
+
+    return add if builder is None else add(builder)
+
+
+for _spec in [
+    ModelSpec("fedavg_cnn", "FedAvg MNIST CNN (2 conv 5x5 + 2 fc, 1,663,370 params at 1x28x28/10); bench workload",
+              _b_fedavg_cnn, {"hidden": 512}),
+    ModelSpec("cnn4", "FedCCL 4-layer CNN for MNIST/FMNIST (2 conv + 2 fc, 128-d embedding)",
+              _b_cnn4, {"channels": (32, 64), "embed_dim": 128}),
+    ModelSpec("cnn5", "FedCCL 5-layer CNN for CIFAR-10 (MOON SimpleCNN layout: 2 conv + 3 fc, 128-d embedding)",
+              _b_cnn5, {"channels": (6, 16), "hidden": 120, "embed_dim": 128}),
+    ModelSpec("cnn_taps", "small GroupNorm residual CNN with FedRCL's five taps l1..l5 for CPU-scale runs",
+              _b_cnn_taps, {"widths": (16, 32, 64, 96), "gn_groups": 2}),
+    ModelSpec("resnet18_gn", "FedRCL ResNet-18: GroupNorm(2), 3x3 stride-1 stem, no max-pool, taps l1..l5",
+              _b_resnet((2, 2, 2, 2)), {"norm": "gn", "gn_groups": 2, "width": 64}),
+    ModelSpec("resnet10_gn", "ResNet-10 (BasicBlocks [1,1,1,1]) with the FedRCL stem/norm/taps",
+              _b_resnet((1, 1, 1, 1)), {"norm": "gn", "gn_groups": 2, "width": 64}),
+    ModelSpec("alexnet_split", "SCALA AlexNet-style CNN: 5 conv + 3 fc, client = first 6 layers (split 'block2')",
+              _b_alexnet, {"channels": (32, 64, 128, 256, 256), "fc": (1024, 512), "dropout": 0.5}),
+    ModelSpec("mlp", "MLP for vector data; hidden=[] is multinomial logistic regression (FedProx Synthetic)",
+              _b_mlp, {"hidden": ()}, inputs="any"),
+    ModelSpec("cnn_backbone_mlp", "FedCCL inter-domain: backbone (default cnn5, from scratch unless "
+              "backbone_weights) + 2-layer MLP head", _b_backbone_mlp,
+              {"backbone": "cnn5", "backbone_options": {}, "hidden": 128, "freeze_backbone": False,
+               "backbone_weights": None}, inputs="any"),
+]:
+    MODELS.add(_spec.name, _spec, __name__)
 
 
 def _image_size(name: str, image_size: Any) -> tuple[int, int] | None:

