@@ -72,6 +72,7 @@ class FitNet(_FrozenCopies, FedAvg):
     """
 
     name = "fitnet"
+    model_needs = ("features",)
     params_spec = {"lam": ParamSpec(1e-3, "lambda: weight of the feature-matching hint", float, ge=0),
                    "levels": LEVELS_SPEC,
                    "reduce": ParamSpec("mean", "hint per level: mean squared difference over feature elements "
@@ -126,6 +127,7 @@ class MOON(_FrozenCopies, FedAvg):
     """
 
     name = "moon"
+    model_needs = ("features",)
     stateful_clients = True
     params_spec = {"mu": ParamSpec(1.0, "mu: weight of the model-contrastive term", float, ge=0),
                    "tau": ParamSpec(0.5, "tau: temperature of the model-contrastive term", float, gt=0),
@@ -235,6 +237,7 @@ class FedDecorr(FedAvg):
     """
 
     name = "feddecorr"
+    model_needs = ("features",)
     params_spec = {"beta": ParamSpec(0.01, "beta: weight of the decorrelation term", float, ge=0),
                    "weighting": WEIGHTING}
     description = "FedDecorr: CE + beta * decorrelation of standardised batch embeddings"
@@ -285,6 +288,7 @@ class FedMLB(_FrozenCopies, FedAvg):
     """
 
     name = "fedmlb"
+    model_needs = ("split",)
     params_spec = {"lam1": ParamSpec(1.0, "lambda1: weight of the hybrid branches' CE", float, ge=0),
                    "lam2": ParamSpec(1.0, "lambda2: weight of the hybrid branches' KL distillation", float, ge=0),
                    "tau": ParamSpec(1.0, "tau: distillation temperature", float, gt=0),
@@ -311,7 +315,7 @@ class FedMLB(_FrozenCopies, FedAvg):
             return
         if not _branch_points(probe):
             raise ConfigError(f"algorithm.name: fedmlb needs a model with split points other than 'embedding'; "
-                              f"model.name {self.cfg.model.name!r} has {list(probe.split_points)}")
+                              f"model.name {self.cfg.model.name!r} has {list(getattr(probe, 'split_points', ()))}")
 
     def make_loss(self, ctx: ClientContext, payload: dict):
         points = _branch_points(ctx.model)
@@ -360,6 +364,7 @@ class FedProc(FedAvg):
     """
 
     name = "fedproc"
+    model_needs = ("features",)
     params_spec = {"tau": ParamSpec(1.0, "tau: temperature of the prototype contrast", float, gt=0),
                    "tap": SIGNAL_TAP, "weighting": WEIGHTING}
     description = "FedProc: prototype contrast with global class prototypes, annealed against CE"

@@ -179,6 +179,7 @@ class FedCCL(SignalAccounting, Algorithm):
     coordinator-side FINCH over the collected signals (module docstring; τ = 0.07, weights 1)."""
 
     name = "fedccl"
+    model_needs = ("features",)
     params_spec = {
         "tau": ParamSpec(0.07, "tau: temperature of both signal contrasts", float, gt=0),
         "w_local": ParamSpec(1.0, "weight of the local-signal contrast L_local (Eq. 18)", float, ge=0),

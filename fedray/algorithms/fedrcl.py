@@ -64,6 +64,7 @@ class FedRCL(FedAvg):
     """
 
     name = "fedrcl"
+    model_needs = ("features",)
     params_spec = {
         "lam": ParamSpec(0.7, "lambda: similarity threshold from which a same-class pair is penalised", float,
                          ge=-1.0, le=1.0),
@@ -147,6 +148,7 @@ class FedCL(FedAvg):
     """
 
     name = "fedcl"
+    model_needs = ("features",)
     params_spec = {
         "tau": ParamSpec(0.05, "tau: temperature of the NT-Xent loss", float, gt=0),
         "weight": ParamSpec(1.0, "w: weight of the NT-Xent term", float, ge=0),

@@ -252,6 +252,8 @@ class _RoundPrototypes(SignalAccounting, Algorithm):
     added to CE once a payload exists).
     """
 
+    model_needs = ("features",)
+
     def init_state(self, weights):
         return {"global": None, "bytes": None}
 
@@ -409,6 +411,7 @@ class FedPCL(SignalAccounting, Algorithm):
     client's latest class prototypes (missing classes filled with the global average), τ = 0.07."""
 
     name = "fedpcl"
+    model_needs = ("features",)
     params_spec = {
         "tau": ParamSpec(0.07, "tau: temperature of the prototype-anchored contrast", float, gt=0),
         "ce_weight": ParamSpec(1.0, "weight of the cross-entropy term (0: the reference's prototype-only objective)",

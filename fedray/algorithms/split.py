@@ -179,6 +179,7 @@ class SplitAlgorithm(Algorithm):
     """
 
     program = "split"
+    model_needs = ("split",)
     declared = SplitShape()
     params_spec = {
         "batch_size": ParamSpec(320, "B: the round's total batch, split over the clients by their sizes", int, ge=1),

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError"]
+__all__ = ["ConfigError", "TransientError"]
 
 
 class ConfigError(ValueError):
     """Invalid configuration; the message starts with the dotted name of the field."""
+
+
+class TransientError(RuntimeError):
+    """A client failure that a retry may not meet again (an injected fault, a flaky resource): retried by the
+    failure policy, where an error of the client's code (a deterministic TypeError, AttributeError, ...) is not."""

@@ -307,8 +307,9 @@ class TaskScheduler:
 
     def _fatal(self, out) -> None:
         if out.fatal:
-            raise RunAborted(f"round {self.rnd}: client {out.cid}: {out.error.splitlines()[0]} "
-                             f"(a configuration error; no retry can fix it)")
+            first, _, trace = out.error.partition("\n")
+            raise RunAborted(f"round {self.rnd}: client {out.cid}: {first} (an error of the client's code or "
+                             f"configuration: no retry can fix it)\n{trace.rstrip()}")
 
     def _failure_row(self, cid: int, failure: str, *, worker: str, seconds: float = 0.0, attempt: int) -> None:
         self.last_error[int(cid)] = failure

@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from fedray.core.errors import TransientError
 from fedray.core.io import atomic_write_text
 from fedray.core.ray_env import current_node_id
 
@@ -54,7 +55,7 @@ class FaultInjector:
             os.close(fd)
             if f.get("kind", "exit") == "exit":
                 os._exit(17)
-            raise RuntimeError(f"injected fault in round {rnd}, client {cid}")
+            raise TransientError(f"injected fault in round {rnd}, client {cid}")
 
     def _hang(self, rnd: int, cid: int) -> None:
         name = self.dir / f"hang-r{rnd}-c{cid}"
@@ -66,7 +67,7 @@ class FaultInjector:
         deadline = time.monotonic() + HANG_S
         while time.monotonic() < deadline:
             time.sleep(0.1)
-        raise RuntimeError(f"injected hang in round {rnd}, client {cid}: nobody ended it in {HANG_S:.0f} s")
+        raise TransientError(f"injected hang in round {rnd}, client {cid}: nobody ended it in {HANG_S:.0f} s")
 
     def driver(self, rnd: int) -> None:
         """Called by the driver before round ``rnd``: a hard crash of the driver, once."""

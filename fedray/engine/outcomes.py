@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedray.core.errors import ConfigError
+from fedray.core.errors import ConfigError, TransientError
 
 __all__ = ["ClientOutcome", "EvalOutcome", "GroupOutcome", "InStore", "SplitOutcome", "WorkerLost", "error_text",
            "is_fatal"]
@@ -26,9 +26,19 @@ class WorkerLost(RuntimeError):
     """The worker process running a task died (crash, kill, out of memory)."""
 
 
+#: errors of a client that a retry may not meet again: the environment's, not the code's
+TRANSIENT = (TransientError, OSError, MemoryError, TimeoutError)
+
+
 def is_fatal(err: BaseException) -> bool:
-    """A client error that no retry can fix: a configuration error (e.g. an unknown feature tap)."""
-    return isinstance(err, ConfigError)
+    """A client error that no retry can fix, so the run stops at once with the client's traceback: every error
+    raised by the client's code (a configuration error, a TypeError or AttributeError of an algorithm, model or
+    plugin: a client's work is seeded, so a retry raises it again), but not the transient ones (:data:`TRANSIENT`:
+    injected faults, I/O, running out of memory, torch's OutOfMemoryError included). A worker process that dies
+    is not an error of a client (:class:`WorkerLost`): it is replaced and its clients re-run."""
+    if isinstance(err, ConfigError):
+        return True
+    return not (isinstance(err, TRANSIENT) or type(err).__name__ == "OutOfMemoryError")
 
 
 def error_text(err: BaseException) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Segment", "FedModel", "SplitPart", "ProjectedModel", "pool_tap", "relu_post"]
+__all__ = ["Segment", "FedModel", "SplitPart", "ProjectedModel", "WrappedModel", "pool_tap", "relu_post"]
 
 
 def pool_tap(t: Tensor) -> Tensor:
@@ -262,6 +262,42 @@ class FedModel(nn.Module):
     def segments(self) -> tuple[Segment, ...]:
         """The forward pass as an ordered tuple of :class:`Segment` (read-only)."""
         return self._segments
+
+    @staticmethod
+    def wrap(features: nn.Module, classifier: nn.Module, *, embedding_dim: int | None = None) -> "WrappedModel":
+        """A FedModel from two plain modules: ``forward(x) = classifier(features(x))``, with the output of
+        ``features`` tapped ``"embedding"`` (a (B, D) vector, or a map that feature losses pool) and a split point
+        there (client part: ``features``; server part: ``classifier``). Every algorithm that needs feature taps
+        or a split point (``Algorithm.model_needs``) then takes a model built from the user's own modules.
+        ``embedding_dim``: D, by default ``classifier.in_features``."""
+        return WrappedModel(features, classifier, embedding_dim=embedding_dim)
+
+
+def _wrapped_features(ns: Any, x: Tensor) -> Tensor:
+    return ns.features(x)
+
+
+def _wrapped_classifier(ns: Any, x: Tensor) -> Tensor:
+    return ns.classifier(x)
+
+
+class WrappedModel(FedModel):
+    """:meth:`FedModel.wrap`: two plain modules as a FedModel with the tap and split point ``embedding``."""
+
+    def __init__(self, features: nn.Module, classifier: nn.Module, *, embedding_dim: int | None = None):
+        super().__init__()
+        if not isinstance(features, nn.Module) or not isinstance(classifier, nn.Module):
+            raise TypeError(f"FedModel.wrap needs two torch.nn.Module objects, got {type(features).__name__} and "
+                            f"{type(classifier).__name__}")
+        dim = embedding_dim if embedding_dim is not None else getattr(classifier, "in_features", None)
+        if dim is None:
+            raise ValueError(f"FedModel.wrap: give embedding_dim (the size of features(x)); the classifier "
+                             f"{type(classifier).__name__} has no in_features")
+        self.features, self.classifier = features, classifier
+        self._finish([Segment("features", ("features",), _wrapped_features, ("embedding",)),
+                      Segment("classifier", ("classifier",), _wrapped_classifier)],
+                     split_points=("embedding",), default_split="embedding", classifier="classifier",
+                     embedding_dim=int(dim))
 
 
 # ----------------------------------------------------------------------------------------- projection head
