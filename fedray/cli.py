@@ -5,7 +5,8 @@
     fedray up / fedray down              keep a local Ray running between runs (faster start-up) / stop it
     fedray show RUN_DIR                  status, rounds, accuracy and last checkpoint of one run directory
     fedray partition CONFIG [a.b=c ...]  build a partition (manifest + per-client shards), print statistics
-    fedray datasets                      list data sources, partitioners, models and algorithms
+    fedray datasets [CONFIG]             list data sources, partitioners, models and algorithms (and CONFIG's plugins')
+    fedray new NAME                      write a plugin project ./NAME (a method, a model, a config, a test)
     fedray report RUN_DIR [RUN_DIR ...]  tables (per run, mean ± std over seeds) and PNG plots from run directories
     fedray report SWEEP_DIR              a sweep's tables and report again, from its run directories
     fedray tune STUDY.yaml [--resume]    hyper-parameter study over whole runs (docs/tuning.md)
@@ -287,6 +288,14 @@ def _cmd_datasets(args) -> int:
     return 0
 
 
+def _cmd_new(args) -> int:
+    from fedray.scaffold import new_project
+
+    root = new_project(args.name, args.dir)
+    print(f"wrote {root}: run `fedray run {root / 'exp.yaml'}`, test with `cd {root} && python -m pytest -q`")
+    return 0
+
+
 def _cmd_report(args) -> int:
     from pathlib import Path
 
@@ -456,6 +465,14 @@ def _add_report_commands(sub) -> None:
     d.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="a plugin module (or path) to list as well; repeatable")
     d.set_defaults(func=_cmd_datasets)
+
+    n = sub.add_parser("new", help="write a plugin project: a method, a model, a config and a test",
+                       description="Write ./NAME/: a package NAME registering an algorithm and a model, exp.yaml "
+                                   "naming it in plugins:, a test of its loss and a two-round run, a README "
+                                   "(docs/extending.md). An existing directory is refused.")
+    n.add_argument("name", metavar="NAME", help="the plugin's module name (a lower-case Python identifier)")
+    n.add_argument("--dir", default=".", help="where to create NAME/ (default: the working directory)")
+    n.set_defaults(func=_cmd_new)
 
     rep = sub.add_parser("report", help="tables and PNG plots from one or more run directories",
                          description="Summarise run directories side by side: summary.md / summary.csv (one "

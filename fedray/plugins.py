@@ -9,7 +9,7 @@ from __future__ import annotations
 from fedray.config import ConfigError, ExperimentConfig
 
 __all__ = ["check_data_fit", "check_driver", "check_model", "check_output_root", "check_plugins", "check_registries",
-           "check_run", "load_plugins"]
+           "check_run", "load_plugins", "plugin_py_modules"]
 
 
 def load_plugins(cfg: ExperimentConfig) -> list[str]:
@@ -20,6 +20,42 @@ def load_plugins(cfg: ExperimentConfig) -> list[str]:
     from fedray.core.plugin_loader import load
 
     return load(cfg.plugins, cfg.plugin_code, cfg.plugin_roots)
+
+
+def driver_only_hint(cfg: ExperimentConfig) -> str:
+    """For an error of the actors' registry checks: the names of ``cfg`` that this process has registered from a
+    module the config's ``plugins`` do not name (a script that imported its method before calling fedray: the
+    actors never import that module), as a hint to add it; "" when there is none. Looks only at registries this
+    process imported already (a Ray driver imports none of its own accord)."""
+    import sys
+
+    from fedray.core import registry
+
+    fields = {"algorithm": cfg.algorithm.name, "model": cfg.model.name, "data source": cfg.data.source,
+              "partitioner": cfg.data.partition.name, "server optimizer": cfg.server.name}
+    named = {m.split(".")[0] for m in [*cfg.plugin_code, *cfg.plugins]}
+    hints = []
+    for kind, name in fields.items():
+        reg = registry.ALL.get(kind)
+        if reg is None or name not in reg:
+            continue
+        module = reg.module(name)
+        if module == "__main__":
+            hints.append(f"{kind} {name!r} is defined in this script or notebook (__main__), which the run's actors "
+                         f"cannot import: move it into a module file next to it and name that in `plugins:`")
+        elif not registry.is_builtin(module) and module.split(".")[0] not in named and module in sys.modules:
+            hints.append(f"{kind} {name!r} is registered in this process by module {module}, which the run's actors "
+                         f"do not import: add `plugins: [{module.split('.')[0]}]` to the config")
+    return "".join(f"\n  hint: {h}" for h in hints)
+
+
+def plugin_py_modules(cfg: ExperimentConfig) -> list[str]:
+    """What a run joining a Ray cluster by address ships of its plugins (:func:`fedray.core.plugin_loader.py_modules`)."""
+    if not cfg.plugins:
+        return []
+    from fedray.core.plugin_loader import py_modules
+
+    return py_modules(cfg.plugins, cfg.plugin_code, cfg.plugin_roots)
 
 
 def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:

@@ -337,8 +337,10 @@ def _ensure_ray(spec: ScaleSpec, cfg) -> float | None:
 
     # without an address (engine.ray_address, RAY_ADDRESS) a private local instance, never a `ray start`
     # cluster found on this host
+    from fedray.plugins import plugin_py_modules
+
     ensure_ray(cfg.engine.object_store_memory, address=cfg.engine.ray_address, log_to_driver=False,
-               configure_logging=False, **spec.ray)
+               configure_logging=False, py_modules=plugin_py_modules(cfg), **spec.ray)
     return float(ray.cluster_resources().get("CPU", 1.0))
 
 

@@ -30,7 +30,9 @@ def cluster_totals(cfg: ExperimentConfig) -> tuple[float, float]:
     if e.backend == "ray":
         import ray
 
-        ensure_ray(e.object_store_memory, address=e.ray_address)
+        from fedray.plugins import plugin_py_modules
+
+        ensure_ray(e.object_store_memory, address=e.ray_address, py_modules=plugin_py_modules(cfg))
         cr = ray.cluster_resources()
         cpus, gpus = float(cr.get("CPU", 0.0)), float(cr.get("GPU", 0.0))
     else:

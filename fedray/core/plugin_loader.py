@@ -35,7 +35,8 @@ from pathlib import Path
 from fedray.core import registry
 from fedray.core.errors import ConfigError
 
-__all__ = ["ENTRY_POINT_GROUP", "Located", "digest_files", "load", "locate", "provenance", "resolve", "source_files"]
+__all__ = ["ENTRY_POINT_GROUP", "Located", "digest_files", "load", "locate", "provenance", "py_modules", "resolve",
+           "source_files"]
 
 ENTRY_POINT_GROUP = "fedray.plugins"
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".tox", ".venv", "venv", "node_modules", ".mypy_cache",
@@ -315,4 +316,39 @@ def provenance(code: dict[str, str], roots: dict[str, str]) -> dict[str, dict]:
                 continue
             break
         out[module] = rec
+    return out
+
+
+def _package_limit() -> int:
+    """The largest package Ray's runtime env takes (its gRPC message limit, 512 MiB with Ray 2.60)."""
+    try:
+        from ray._private.runtime_env.packaging import GCS_STORAGE_MAX_SIZE
+
+        return int(GCS_STORAGE_MAX_SIZE)
+    except Exception:  # noqa: BLE001 - another Ray: its documented default
+        return 512 * 1024 * 1024
+
+
+def py_modules(plugins: list, code: dict[str, str], roots: dict[str, str], *, cwd: str | None = None) -> list[str]:
+    """The plugin files and package directories a run that joins a Ray cluster by address ships to its nodes
+    through Ray's ``runtime_env={"py_modules": ...}``: every plugin except those under ``cwd`` (the working
+    directory, which ``ray job submit --working-dir`` unpacks on every node) and those of installed
+    distributions (site-packages: installed on the cluster's image, or refused there by the digest check).
+    One larger than Ray takes is refused, naming it."""
+    cwd = os.path.realpath(cwd or os.getcwd())
+    out = []
+    for i, entry in enumerate(plugins or []):
+        loc = locate(entry, i, base_dir=None, roots=roots)
+        path = os.path.realpath(loc.path)
+        if path == cwd or path.startswith(cwd + os.sep) or "site-packages" in Path(path).parts \
+                or "dist-packages" in Path(path).parts:
+            continue
+        top = Path(path)  # the file, or the top-level package directory (a submodule's package whole)
+        size = sum(f.stat().st_size for f in ([top] if top.is_file() else top.rglob("*"))
+                   if f.is_file() and "__pycache__" not in f.parts)
+        if size > _package_limit():
+            raise ConfigError(f"plugins[{i}]: {loc.module!r} ({path}) holds {size / 2**20:.0f} MiB, more than the "
+                              f"{_package_limit() / 2**20:.0f} MiB Ray ships to a cluster's nodes; install it on the "
+                              f"nodes or submit the run with `ray job submit --working-dir` from a smaller directory")
+        out.append(str(top))
     return out

@@ -279,13 +279,15 @@ def current_node_id() -> str | None:
 
 # ------------------------------------------------------------------------------------------- entry point
 def ensure_ray(object_store_memory: int | None = None, *, address: str | None = None, log_to_driver: bool = True,
-               warm: bool = False, log=None, **init_kwargs) -> bool:
+               warm: bool = False, log=None, py_modules: list[str] | None = None, **init_kwargs) -> bool:
     """Use the Ray instance this process already joined; else join the cluster named by ``address``
     (``--address`` / ``engine.ray_address``) or ``RAY_ADDRESS``, which must answer; else, with ``warm``, the
     running cluster of ``fedray up`` (one line to ``log`` says so); else start a private, locked-down local
     instance (see the module docstring).
 
-    ``object_store_memory`` and ``init_kwargs`` (``num_cpus``, ...) size a local start only. True when this
+    ``object_store_memory`` and ``init_kwargs`` (``num_cpus``, ...) size a local start only. ``py_modules``: the
+    run's plugin code (:func:`fedray.plugins.plugin_py_modules`), shipped with the job's runtime env when joining a
+    cluster by address (a local Ray, private or ``fedray up``'s, is on this machine and imports it in place). True when this
     call started a local Ray: its processes are children of the calling *thread* (Ray has them die with
     their parent, which on Linux means that thread), so a thread that started it must outlive it."""
     import ray
@@ -294,6 +296,10 @@ def ensure_ray(object_store_memory: int | None = None, *, address: str | None = 
         return False
     address = (address or os.environ.get("RAY_ADDRESS") or "").strip()
     if address and address != "local":
+        if py_modules:
+            env = dict(init_kwargs.get("runtime_env") or {})
+            env["py_modules"] = [*env.get("py_modules", []), *py_modules]
+            init_kwargs = {**init_kwargs, "runtime_env": env}
         _connect(ray, address, log_to_driver, init_kwargs)
         return False
     warm = warm and os.environ.get("FEDRAY_NO_WARM", "").strip().lower() not in ("1", "true", "yes")

@@ -145,8 +145,11 @@ class EarlyStart:
 
         logging.getLogger("ray._private.worker").addFilter(_no_sigterm_warning)  # once: the same filter object
         try:
+            from fedray.plugins import plugin_py_modules
+
             e = self.cfg.engine
-            started = ensure_ray(e.object_store_memory, address=self.address, warm=self.warm, log=self.log)
+            started = ensure_ray(e.object_store_memory, address=self.address, warm=self.warm, log=self.log,
+                                 py_modules=plugin_py_modules(self.cfg))
             self.ray_seconds = time.perf_counter() - self.t0
             self.actors = start_actors(self.cfg)
         except BaseException as err:  # noqa: BLE001 - re-raised by result() in the main thread
@@ -200,7 +203,9 @@ class EarlyStart:
         except rex.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, ConfigError):
-                raise ConfigError(str(cause)) from None
+                from fedray.plugins import driver_only_hint
+
+                raise ConfigError(f"{cause}{driver_only_hint(cfg)}") from None
             raise
 
     def abort(self) -> None:

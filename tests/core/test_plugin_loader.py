@@ -251,3 +251,29 @@ def test_entry_points_load_only_when_named(plugins, tmp_path, monkeypatch):
         assert md.version("fr-installed") == "1.2"
     finally:
         plugin_loader._forget("fr_installed")
+
+
+def test_what_a_run_joining_a_cluster_ships(plugins, tmp_path, monkeypatch):
+    """py_modules: the plugins outside the working directory and outside installed distributions; a worker on a
+    node without the recorded directory imports the shipped copy (found on its sys.path), checked by digest."""
+    import sys
+
+    p = plugins(tmp_path / "proj")
+    p.module("fr_ship", ALGO.format(name="fr_ship"), package=True)
+    cfg = load_config(p.config(["fr_ship"], algorithm={"name": "fr_ship"}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert plugin_loader.py_modules(cfg.plugins, cfg.plugin_code, cfg.plugin_roots, cwd=str(elsewhere)) == \
+        [str(tmp_path / "proj" / "fr_ship")]
+    assert plugin_loader.py_modules(cfg.plugins, cfg.plugin_code, cfg.plugin_roots, cwd=str(tmp_path / "proj")) == []
+    monkeypatch.setattr(plugin_loader, "_package_limit", lambda: 10)
+    with pytest.raises(ConfigError, match=r"plugins\[0\]: 'fr_ship' .* holds 0 MiB, more than the 0 MiB Ray ships"):
+        plugin_loader.py_modules(cfg.plugins, cfg.plugin_code, cfg.plugin_roots, cwd=str(elsewhere))
+    # a node where the recorded directory does not exist: the copy on its sys.path (what py_modules unpacks)
+    shipped = tmp_path / "unpacked"
+    import shutil
+
+    shutil.copytree(tmp_path / "proj" / "fr_ship", shipped / "fr_ship")
+    monkeypatch.syspath_prepend(str(shipped))
+    plugin_loader.load(cfg.plugins, cfg.plugin_code, {"fr_ship": str(tmp_path / "gone")})
+    assert sys.modules["fr_ship"].__file__ == str(shipped / "fr_ship" / "__init__.py")

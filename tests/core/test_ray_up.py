@@ -16,10 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+import shutil
+
 import pytest
 import yaml
 
-from fedray.core import ray_env, ray_up, warm_workers
+from fedray.config import load_config
+from fedray.core import plugin_loader, ray_env, ray_up, warm_workers
 from tests.helpers import ROOT, run_quiet, small_config, terminate_matching
 
 #: a string this test process's own command line holds, as a live head's holds its temp dir (argv[0] may be a
@@ -49,6 +52,13 @@ def _until(what, timeout: float = 180.0):
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what.__doc__}"
         time.sleep(0.2)
     return got
+
+
+def run_quiet_cfg(cfg) -> str:
+    """The weights hash of an in-process run of an ExperimentConfig."""
+    from fedray.engine.runner import run_experiment
+
+    return run_experiment(cfg, progress=False, log=lambda *a: None).weights_hash
 
 
 def _idle(rec: dict) -> dict[int, str | None]:
@@ -119,6 +129,19 @@ def test_up_run_down(tmp_path, partition_cache, ray_session):
         run_dir = Path(run.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["weights_hash"] == cold.weights_hash
+        # a user's method (a plugin outside the repository) on the warm cluster: the in-process weights
+        project = tmp_path / "myproject"
+        shutil.copytree(ROOT / "examples" / "custom-method", project, ignore=shutil.ignore_patterns("__pycache__"))
+        small = ["train.rounds=2", "data.partition.num_clients=8", "train.clients_per_round=4",
+                 f"data.cache_dir={partition_cache}", "output.tensorboard=false"]
+        plugin_run = _fedray(env, "run", str(project / "exp.yaml"), *small, f"output.root={tmp_path / 'pw'}", "-q")
+        assert f"using the warm Ray of `fedray up` at {rec['address']}" in plugin_run.stdout
+        plugin_dir = Path(plugin_run.stdout.strip().splitlines()[-1].removeprefix("run directory: "))
+        local = load_config(project / "exp.yaml", [*small, "engine.backend=local", f"output.root={tmp_path / 'pl'}"])
+        try:
+            assert json.loads((plugin_dir / "summary.json").read_text())["weights_hash"] == run_quiet_cfg(local)
+        finally:
+            plugin_loader._forget("mymethod")
         # the run's 3 actors took the 3 idle workers (they end with the run), and its exit refilled them
         refilled = _until(lambda: (idle := three_idle()) and not set(idle) & set(first) and idle)
         assert all(os.path.exists(f"/proc/{p}") for p in refilled)

@@ -151,5 +151,56 @@ def test_bad_partition_fails_with_its_parameter(base, capsys, overrides, pattern
     assert re.search(pattern, err) and "Traceback" not in err
 
 
+# plugins (docs/extending.md, "Bad input"): module files written next to the config, (overrides, regex)
+PLUGIN_FILES = {
+    "fz_raises.py": "import fedray\n\n1 / 0\n",
+    "fz_nothing.py": "x = 1\n",
+    "fz_clash.py": "import fedray\n\n@fedray.register_algorithm\nclass A(fedray.Algorithm):\n    name = 'fedavg'\n",
+    "fz_assigns.py": "from fedray.models import MODELS\n\nMODELS['cnn4'] = None\n",
+    "fz_needs.py": "import torch\nimport fedray\n\nfedray.register_model('fz_plain', lambda inp, nc: "
+                   "torch.nn.Linear(inp.in_channels * inp.height * inp.width, nc))\n",
+}
+PLUGINS = [
+    (["plugins=[fz_nowhere]"], r"plugins\[0\]: no module 'fz_nowhere'"),
+    (["plugins=[./fz_missing.py]"], r"plugins\[0\]: './fz_missing.py': no such file"),
+    (["plugins=[fz_raises]"], r"plugins\[0\]: importing 'fz_raises' failed: ZeroDivisionError.*fz_raises.py:3"),
+    (["plugins=[fz_nothing]"], r"plugins\[0\]: 'fz_nothing' registered nothing"),
+    (["plugins=[fz_clash]"], r"plugins\[0\]: .*algorithm 'fedavg' is registered by fedray.algorithms.fedavg"),
+    (["plugins=[fz_assigns]"], r"plugins\[0\]: .*TypeError: the model registry is read-only"),
+    (["plugins=[fz_needs]", "model.name=fz_plain", "algorithm.name=fedproto"],
+     r"algorithm\.name: 'fedproto' needs feature taps .* model 'fz_plain' \(plugin fz_needs\)"),
+    (["plugins=[fedray.models]"], r"plugins\[0\]: 'fedray.models' is part of fedray"),
+    (["plugins=fz_raises"], r"plugins: expected a list"),
+    (["plugin_code={fz_raises: 'sha256:0'}", "plugins=[fz_raises]"], r"plugins\[0\]: the code of 'fz_raises'"),
+]
+
+
+@pytest.fixture
+def plugin_base(base):
+    from fedray.core import plugin_loader
+
+    path, runs = base
+    for name, text in PLUGIN_FILES.items():
+        (path.parent / name).write_text(text)
+    yield path, runs
+    for name in PLUGIN_FILES:
+        plugin_loader._forget(name.removesuffix(".py"))
+
+
+@pytest.mark.parametrize("overrides,pattern", PLUGINS, ids=[" ".join(o) for o, _ in PLUGINS])
+def test_bad_plugin_fails_before_any_work(plugin_base, capsys, overrides, pattern):
+    path, runs = plugin_base
+    _check(capsys, main(["run", str(path), "--quiet", *overrides]), runs, pattern)
+
+
+@pytest.mark.ray
+def test_a_plugin_that_fails_on_the_coordinator_fails_before_any_work_on_ray(plugin_base, capsys, ray_session):
+    """On Ray the driver does not import an algorithm plugin: the coordinator's check does, before the run
+    directory is claimed."""
+    path, runs = plugin_base
+    _check(capsys, main(["run", str(path), "--quiet", "engine.backend=ray", "engine.num_workers=1",
+                         "plugins=[fz_raises]"]), runs, r"plugins\[0\]: importing 'fz_raises' failed: ZeroDivisionError")
+
+
 def test_corpus_is_large_enough():
-    assert len(OVERRIDES) + len(FILES) + 1 + 2 + 4 >= 60
+    assert len(OVERRIDES) + len(FILES) + 1 + 2 + 4 + len(PLUGINS) >= 70

@@ -29,12 +29,16 @@ def _env() -> dict:
     return ray_head_env(RAY_JOB_STOP_WAIT_TIME_S="30")
 
 
+HEAD: dict = {}  # the module's head: its GCS address and temp dir, for the tests that join it directly
+
+
 @pytest.fixture(scope="module")
 def head():
     temp = tempfile.mkdtemp(prefix="frj-", dir="/tmp")
     # an agent that cannot bind leaves the job server without an agent (submissions then wait forever):
     # start_ray_head chooses every port
     head = start_ray_head(temp, _env(), "--num-cpus=2", "--include-dashboard=true")
+    HEAD.update(head, temp=temp)
     address = head["dashboard"]
     deadline = time.time() + 60
     while time.time() < deadline:  # the job server answers a little after `ray start` returns
@@ -146,3 +150,59 @@ def test_stop_then_resume_job(head, tmp_path):
     cfg.output.root = str(tmp_path / "ref")
     ref = run_experiment(cfg, progress=False, log=lambda *a: None)
     assert summary["weights_hash"] == ref.weights_hash
+
+
+# ------------------------------------------------------------------ a user's project (examples/custom-method)
+EXAMPLE = ROOT / "examples" / "custom-method"
+SMALL = ["train.rounds=2", "data.partition.num_clients=8", "train.clients_per_round=4", "output.tensorboard=false"]
+
+
+def _project(tmp_path) -> Path:
+    dst = tmp_path / "myproject"
+    shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    return dst
+
+
+def _reference_weights(project: Path, tmp_path) -> str:
+    """The example's weights in-process (the plugin imported in this process, then forgotten)."""
+    from fedray.config import load_config
+    from fedray.core import plugin_loader
+    from fedray.engine.runner import run_experiment
+
+    cfg = load_config(project / "exp.yaml", [*SMALL, "engine.backend=local", f"output.root={tmp_path / 'ref'}"])
+    try:
+        return run_experiment(cfg, progress=False, log=lambda *a: None).weights_hash
+    finally:
+        plugin_loader._forget("mymethod")
+
+
+def _summary(out: Path) -> dict:
+    [run_dir] = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith("_")]
+    assert run_dir.name.startswith("fedavg_logitl2-")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_a_user_project_as_the_working_dir(head, tmp_path):
+    """`ray job submit --working-dir <the user's project>`: the job's driver finds the plugin next to its config in
+    the unpacked copy, every worker imports it there, and the run has the in-process weights."""
+    project, out = _project(tmp_path), tmp_path / "out"
+    r = _ray_job(head, "submit", "--submission-id", "fedray-test-plugin", "--working-dir", str(project),
+                 "--runtime-env", str(ROOT / "cluster" / "runtime_env.yaml"), "--", "python", "-m", "jobs.train",
+                 "--config", "exp.yaml", *SMALL, "--output-dir", str(out))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert _summary(out)["weights_hash"] == _reference_weights(project, tmp_path)
+
+
+def test_fedray_run_joining_a_cluster_ships_the_plugin(head, tmp_path):
+    """`fedray run --address` from a directory outside the project: the plugin goes to the nodes with the job's
+    runtime env (py_modules), and the run has the in-process weights."""
+    project, out = _project(tmp_path), tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([str(VENV_BIN / "fedray"), "run", str(project / "exp.yaml"), *SMALL, f"output.root={out}",
+                        "--address", HEAD["gcs"], "--quiet"], env=_env(), capture_output=True, text=True,
+                       timeout=420, cwd=elsewhere)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert _summary(out)["weights_hash"] == _reference_weights(project, tmp_path)
+    shipped = list(Path(HEAD["temp"]).glob("session_*/runtime_resources/py_modules_files/*/mymethod/__init__.py"))
+    assert shipped, sorted(str(p) for p in Path(HEAD["temp"]).glob("session_*/runtime_resources/*/*"))

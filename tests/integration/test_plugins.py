@@ -85,3 +85,26 @@ def test_a_process_that_imports_other_code_stops_the_run_before_any_work(project
                                           r"but the run's driver hashed"):
         _run(cfg)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("fedavg_logitl2-*"))
+
+
+WRAPPER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import mymethod  # a script that imports its method, then calls fedray, without naming it in plugins:
+from fedray.cli import main
+sys.exit(main(["run", sys.argv[2], "plugins=[]", "engine.backend=ray", "engine.num_workers=1", "train.rounds=1",
+               f"output.root={sys.argv[3]}", "--quiet"]))
+"""
+
+
+@pytest.mark.ray
+def test_a_method_imported_by_the_driver_only_gets_a_hint(project, tmp_path, ray_session):
+    import os
+
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    r = subprocess.run([sys.executable, "-c", WRAPPER, str(project), str(project / "exp.yaml"), str(tmp_path / "runs")],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "algorithm.name: unknown algorithm 'fedavg_logitl2'" in r.stderr
+    assert ("hint: algorithm 'fedavg_logitl2' is registered in this process by module mymethod, which the run's "
+            "actors do not import: add `plugins: [mymethod]` to the config") in r.stderr
