@@ -22,6 +22,7 @@ _LAZY = {
     "register_model": ("fedray.models.registry", "register_model"),
     "register_source": ("fedray.data.sources", "register_source"),
     "register_partitioner": ("fedray.data.partition", "register_partitioner"),
+    "register_metric": ("fedray.metrics.registry", "register_metric"),
     "Algorithm": ("fedray.algorithms", "Algorithm"),
     "ServerOptimizer": ("fedray.algorithms.server_opt", "ServerOptimizer"),
     "FedModel": ("fedray.models", "FedModel"),

@@ -5,7 +5,7 @@
     fedray up / fedray down              keep a local Ray running between runs (faster start-up) / stop it
     fedray show RUN_DIR                  status, rounds, accuracy and last checkpoint of one run directory
     fedray partition CONFIG [a.b=c ...]  build a partition (manifest + per-client shards), print statistics
-    fedray datasets [CONFIG]             list data sources, partitioners, models and algorithms (and CONFIG's plugins')
+    fedray datasets [CONFIG]             list sources, partitioners, models, algorithms, metrics (and CONFIG's plugins')
     fedray new NAME                      write a plugin project ./NAME (a method, a model, a config, a test)
     fedray report RUN_DIR [RUN_DIR ...]  tables (per run, mean ± std over seeds) and PNG plots from run directories
     fedray report SWEEP_DIR              a sweep's tables and report again, from its run directories
@@ -285,6 +285,11 @@ def _cmd_datasets(args) -> int:
     print("\nserver optimizers (server.name; server.params):")
     for name, cls in SERVER_OPTIMIZERS.items():
         entry(SERVER_OPTIMIZERS, name, cls.description, cls.params_spec)
+    from fedray.metrics.registry import METRICS
+
+    print("\nevaluation metrics (eval.metrics):")
+    for name, spec in sorted(METRICS.items()):
+        entry(METRICS, name, spec.description)
     return 0
 
 
@@ -457,9 +462,10 @@ def _add_experiment_commands(sub) -> None:
 
 
 def _add_report_commands(sub) -> None:
-    d = sub.add_parser("datasets", help="list data sources, partitioners, models and algorithms",
-                       description="List every registered data source, partitioner, model, algorithm and "
-                                   "server optimizer with a one-line description; with a CONFIG (or --plugin), "
+    d = sub.add_parser("datasets", help="list data sources, partitioners, models, algorithms and metrics",
+                       description="List every registered data source, partitioner, model, algorithm, "
+                                   "server optimizer and evaluation metric with a one-line description; with a "
+                                   "CONFIG (or --plugin), "
                                    "its plugins' entries too, each with the module it comes from.")
     d.add_argument("config", nargs="?", metavar="CONFIG", help="an experiment config whose plugins: to list")
     d.add_argument("--plugin", action="append", default=[], metavar="MODULE",
@@ -484,9 +490,11 @@ def _add_report_commands(sub) -> None:
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
     rep.add_argument("--out", help="output directory (default RUN_DIR/report, or ./report for several runs)")
     rep.add_argument("--metric", default="accuracy",
-                     choices=["accuracy", "ema_accuracy", "best_accuracy", "rounds_to_target"],
                      help="what the cells of the methods x settings table (table.md/csv/tex) show, mean ± std "
-                          "over seeds (default: final accuracy)")
+                          "over seeds: accuracy (final, the default), ema_accuracy, best_accuracy, "
+                          "rounds_to_target, mean_last5, a metric of the runs' eval.metrics (e.g. "
+                          "balanced_accuracy, per_class_accuracy.3: its final value) or REDUCTION:KEY of a "
+                          "per-round key (e.g. max:macro_f1, last:analysis.effective_rank)")
     rep.add_argument("--target", type=float, metavar="ACCURACY",
                      help="also report rounds to reach this test accuracy (e.g. 0.8): the first round whose "
                           "accuracy reaches it; seeds that never do are counted as not reached")

@@ -132,6 +132,9 @@ class EvalConfig:
     analysis_every: int = 0  # feature-analysis metrics every k rounds (0 = never)
     # clean/FGSM/PGD accuracy, e.g. {eps: 0.3, pgd_steps: 20, every: 0}; empty = off (fedray.metrics.robustness)
     adversarial: dict[str, Any] = field(default_factory=dict)
+    # registered evaluation metrics computed with the accuracy, e.g. [balanced_accuracy, ece] (fedray.metrics.registry;
+    # built-ins and plugins' fedray.register_metric); each adds its values to every evaluated round's row
+    metrics: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -499,6 +502,11 @@ def validate_config(cfg: ExperimentConfig) -> None:
     _positive("eval.every", cfg.eval.every)
     if not 0 <= cfg.eval.ema < 1:
         raise ConfigError(f"eval.ema: must be in [0, 1), got {cfg.eval.ema!r}")
+    for i, name in enumerate(cfg.eval.metrics):
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"eval.metrics[{i}]: expected a metric name, got {name!r}")
+        if name in cfg.eval.metrics[:i]:
+            raise ConfigError(f"eval.metrics[{i}]: {name!r} is listed twice")
     if cfg.eval.adversarial:
         from fedray.metrics.robustness import validate_adversarial_spec
 
@@ -548,7 +556,8 @@ def validate_config(cfg: ExperimentConfig) -> None:
 
 # Fields added after runs existed: hashed only when they differ from this default, so the run names
 # (config hashes) of earlier configs stay the same.
-_HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "engine.fold_group": 1, "train.local_steps": None, "plugin_code": {}}
+_HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "engine.fold_group": 1, "train.local_steps": None, "plugin_code": {},
+                     "eval.metrics": []}
 
 
 def _hash_view(d: dict, prefix: str = "", exclude: frozenset[str] | set[str] = frozenset()) -> dict:

@@ -91,8 +91,8 @@ def check_driver(cfg: ExperimentConfig) -> None:
 
 
 def check_plugins(cfg: ExperimentConfig) -> None:
-    """The registries' part of :func:`check_registries` (they import torch): algorithm (with
-    ``engine.fold_group``), server optimizer, model name and options, augmentations."""
+    """The registries' part of :func:`check_registries` (they import torch): the metrics of ``eval.metrics``,
+    algorithm (with ``engine.fold_group``), server optimizer, model name and options, augmentations."""
     from fedray.algorithms import algorithm_of, build_server_optimizer
     from fedray.data.loader import Augment
     from fedray.data.table import DataError
@@ -100,6 +100,7 @@ def check_plugins(cfg: ExperimentConfig) -> None:
     from fedray.models import MODELS
 
     load_plugins(cfg)
+    check_metrics(cfg)
     check_fold_group(cfg, algorithm_of(cfg))  # partial sums on the workers: refused for incompatible algorithms
     build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
     if cfg.model.name not in MODELS:
@@ -113,6 +114,19 @@ def check_plugins(cfg: ExperimentConfig) -> None:
         Augment.from_spec(cfg.train.augment)
     except DataError as e:
         raise ConfigError(f"train.{e}") from None
+
+
+def check_metrics(cfg: ExperimentConfig) -> None:
+    """Every name of ``eval.metrics`` is a registered metric (a built-in, or one a plugin of the config registers
+    with ``fedray.register_metric``): a ConfigError naming ``eval.metrics[i]``."""
+    if not cfg.eval.metrics:
+        return
+    from fedray.metrics.registry import METRICS
+
+    for i, name in enumerate(cfg.eval.metrics):
+        if name not in METRICS:
+            hint = "" if cfg.plugins else "; a metric of your own is registered by a module named in plugins:"
+            raise ConfigError(f"eval.metrics[{i}]: unknown metric {name!r} (known: {', '.join(sorted(METRICS))}{hint})")
 
 
 def check_model(cfg: ExperimentConfig, meta) -> None:

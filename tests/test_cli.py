@@ -177,7 +177,7 @@ def test_cli_partition_prints_per_client_statistics_and_datasets_lists_everythin
     assert all(int(line.split(",")[2]) <= 2 for line in table[1:])  # classes per client never exceed 2
     assert main(["datasets"]) == 0
     listing = capsys.readouterr().out
-    for name in ("mnist5k", "balanced_dirichlet", "resnet18_gn", "fedrcl", "fedacg"):
+    for name in ("mnist5k", "balanced_dirichlet", "resnet18_gn", "fedrcl", "fedacg", "balanced_accuracy", "ece"):
         line = next(l for l in listing.splitlines() if l.strip().startswith(name + " ") or l.strip() == name)
         assert len(line.split()) > 1, f"{name} is listed without a description"
 

@@ -26,7 +26,8 @@ A study file looks like this (every key but ``base_config`` and ``params`` has a
 Objective metrics: ``accuracy`` (last evaluated), ``ema_accuracy`` (last EMA accuracy), ``mean_last5``
 (mean of the last five evaluated accuracies), ``bytes_total`` (bytes broadcast + uploaded over the
 run) or any key of the per-round metrics, dotted for nested ones (``loss``, ``bytes.upload``,
-``seconds.train``, ``domain_accuracy.mnist``, ...): its value at the last round that has it. The value
+``seconds.train``, ``domain_accuracy.mnist``, a metric of the base config's ``eval.metrics`` such as
+``balanced_accuracy`` or ``per_class_accuracy.3``, ...): its value at the last round that has it. The value
 reported to the pruner after each round is the same quantity computed on the rounds so far.
 
 :func:`load_study` raises :class:`fedray.config.ConfigError` with the dotted name of the offending field
@@ -609,6 +610,20 @@ def _build(data: dict, where: str) -> ExperimentConfig:
         raise ConfigError(f"{where}: {e}") from None
 
 
+def _check_eval_metric_objectives(spec: StudySpec, base_cfg: ExperimentConfig) -> None:
+    """An objective naming a registered evaluation metric (``balanced_accuracy``, ``per_class_accuracy.3``; the
+    config's plugins are imported by now) needs it in the base config's ``eval.metrics``: no trial would report it."""
+    from fedray.metrics.registry import METRICS
+
+    for i, o in enumerate(spec.objectives):
+        name = o.metric.split(".")[0]
+        if name in METRICS and name not in base_cfg.eval.metrics and all(p.path != "eval.metrics" for p in spec.params):
+            where = f"multi_objective[{i}]" if spec.multi_objective else "objective"
+            raise ConfigError(f"{where}.metric: {o.metric!r} is an evaluation metric that the base config does not "
+                              f"compute; add eval.metrics: [{name}] to it (or base_overrides: "
+                              f"['eval.metrics=[{name}]'])")
+
+
 def check_config(spec: StudySpec, *, check_registries: bool = True) -> None:
     """Dry-build the experiment config: the base config alone, every parameter path against the config
     dataclasses (and registries), and the config at both ends of every range / at every choice."""
@@ -617,6 +632,7 @@ def check_config(spec: StudySpec, *, check_registries: bool = True) -> None:
     base_cfg = _build(spec.base_config, "base_config")
     if check_registries:
         _check_registries(base_cfg, "base_config")
+        _check_eval_metric_objectives(spec, base_cfg)
     for p in spec.params:
         kind, owner = _path_target(p.path)
         if kind == "free" and check_registries:

@@ -300,6 +300,22 @@ def _check_cells(tables: list[TableSpec], points: list[Point], cfgs: list[Experi
                                   f"add the field to rows or columns, or a table per setting")
 
 
+def _check_eval_metrics(tables: list[TableSpec], points: list[Point], cfgs: list[ExperimentConfig]) -> None:
+    """A table metric naming a metric of ``eval.metrics`` (``balanced_accuracy``, ``per_class_accuracy.3``) needs
+    it in every point's ``eval.metrics``: otherwise its cells could never be filled."""
+    from fedray.reporting.seeds import METRICS, SUMMARY_METRICS, is_eval_metric
+
+    for t in tables:
+        for m in t.metrics:
+            if m in METRICS or m in SUMMARY_METRICS or not is_eval_metric(m):
+                continue
+            for p, cfg in zip(points, cfgs):
+                if m.split(".")[0] not in cfg.eval.metrics:
+                    raise ConfigError(f"table {t.name!r}: metric {m!r} is not a table metric and not in "
+                                      f"eval.metrics of point {p.index} ({p.describe()}); add it there (e.g. "
+                                      f"eval.metrics: [{m.split('.')[0]}]) or choose a metric table cells can show")
+
+
 def load_sweep(path: str | Path | None = None, *, data: dict | None = None, overrides: list[str] | None = None,
                output_dir: str | Path | None = None) -> SweepSpec:
     """Read and check a sweep file (or the mapping ``data``): every point's config is built and validated
@@ -359,6 +375,7 @@ def load_sweep(path: str | Path | None = None, *, data: dict | None = None, over
         raise ConfigError("exclude: every point of the sweep is excluded")
     tables = _tables(data, fields)
     _check_cells(tables, points, cfgs)
+    _check_eval_metrics(tables, points, cfgs)
     description = data.get("description") or ""
     return SweepSpec(name=name, base=base, fields=fields, points=points, output_dir=out, parallel=parallel,
                      resources=_resources(data), tables=tables, description=str(description),

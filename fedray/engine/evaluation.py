@@ -5,11 +5,12 @@ so the shards depend on the split and the batch size only, never on the number o
 in the object store once (the driver's copy, or put at the first evaluation) and the round's weights are
 put once per evaluation; each worker
 evaluates the shards of its task on its replica (:func:`evaluate_shards`) and returns, per shard, the batch's
-cross-entropy sum, the per-example correct flags and, for the feature analysis, the embeddings. The
-coordinator reduces them in shard order (:func:`fedray.metrics.reduce_evaluation`): the float64 loss sum
-adds the batches in the same order as an evaluation in one process, and the counts are exact, so accuracy,
-loss, per-domain accuracy and the analysis are bit-identical to :func:`fedray.metrics.evaluate` over the
-whole split in one process, with any number of workers, with Ray or in-process, and after a resume.
+cross-entropy sum, the per-example correct flags, for the feature analysis the embeddings and, for the metrics
+of ``eval.metrics`` (:mod:`fedray.metrics.registry`), the batch's partial sums. The coordinator reduces them in
+shard order (:func:`fedray.metrics.reduce_evaluation`): the float64 loss sum and the metrics' partial sums add
+the batches in the same order as an evaluation in one process, and the counts are exact, so accuracy, loss,
+per-domain accuracy, the analysis and the metrics are bit-identical to :func:`fedray.metrics.evaluate` over
+the whole split in one process, with any number of workers, with Ray or in-process, and after a resume.
 
 Tasks group consecutive shards (about two tasks per worker) for scheduling only. They run through the
 :class:`~fedray.engine.dispatch.TaskScheduler`: a worker lost during evaluation is replaced and its shards
@@ -47,7 +48,8 @@ def evaluate_shards(replica, weights, test: dict, shards: list, analysis: bool, 
         try:
             part = evaluate_batches(rp.model, test["images"], test["labels"], int(start), int(stop), meta=rp.meta,
                                     normalize=bool(cfg.data.normalize), batch_size=int(cfg.eval.batch_size),
-                                    device=rp.device, return_features=analysis)
+                                    device=rp.device, return_features=analysis, metrics=cfg.eval.metrics,
+                                    domains=test.get("domains"))
             out.append(EvalOutcome(pos=int(pos), part=part, seconds=time.perf_counter() - t0, worker=name))
         except Exception as e:  # noqa: BLE001 - reported per shard, the coordinator retries or aborts
             out.append(EvalOutcome(pos=int(pos), part=None, seconds=time.perf_counter() - t0, worker=name,
@@ -88,5 +90,6 @@ class ShardedEvaluation:
 
         sched.run(tasks, submit, on_outcome, label=" (an evaluation shard)")
         out = reduce_evaluation([parts[p] for p in range(len(shards))], labels, meta=self.meta,
-                                domains=self.test.get("domains"), return_features=analysis)
+                                domains=self.test.get("domains"), return_features=analysis,
+                                metrics=self.cfg.eval.metrics, batch_size=int(self.cfg.eval.batch_size))
         return out, {"retries": sched.retries, "worker_restarts": sched.worker_restarts}

@@ -468,6 +468,8 @@ def finish_run(run: Run, engine: Engine, result: RunResult, log=print) -> RunRes
             "mean_round_seconds": float(np.mean([r["seconds_total"] for r in result.rounds])) if result.rounds else None,
             "total_seconds": time.perf_counter() - run.t_start,
             "coordinator_restarts": result.coordinator_restarts,
+            # the last evaluation's values of eval.metrics (only when it names some: summary.json as before otherwise)
+            **{name: last[name] for name in run.cfg.eval.metrics if name in last},
         }
         rd.write_json("summary.json", result.final)
     info = rd.read_json("run.json")

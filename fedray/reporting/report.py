@@ -23,6 +23,34 @@ def _label(rd: RunDir) -> str:
         return rd.path.name
 
 
+def _eval_metrics(rd: RunDir) -> list[str]:
+    """The run's ``eval.metrics`` (from its config.yaml; none when it cannot be read)."""
+    try:
+        import yaml
+
+        names = ((yaml.safe_load((rd.path / "config.yaml").read_text()) or {}).get("eval") or {}).get("metrics")
+    except Exception:  # noqa: BLE001 - a run without a readable config reports what it can
+        return []
+    return [n for n in names or [] if isinstance(n, str)]
+
+
+def metric_values(rows: list[dict], names: list[str]) -> dict:
+    """Each ``eval.metrics`` entry's value at the last round that evaluated it, as ``name`` (or ``name.key`` for
+    each value of a metric with several), NaN where it was not a number."""
+    out: dict = {}
+    for name in names:
+        last = next((r[name] for r in reversed(rows) if name in r), None)
+        for key, v in (last.items() if isinstance(last, dict) else [(None, last)]):
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            out[name if key is None else f"{name}.{key}"] = float(v) if ok else math.nan
+    return out
+
+
+#: what summarize() reports of every run; the other keys are the values of its eval.metrics
+_SUMMARY_KEYS = ("run", "label", "rounds", "accuracy", "ema_accuracy", "best_accuracy", "best_round", "mean_last5",
+                 "mean_round_s", "failures", "domain_accuracy", "domain_mean_accuracy")
+
+
 def summarize(rd: RunDir) -> dict:
     rows = rd.read_metrics()
     evald = [r for r in rows if r.get("accuracy") is not None]
@@ -43,6 +71,7 @@ def summarize(rd: RunDir) -> dict:
     if evald and evald[-1].get("domain_accuracy"):
         out["domain_accuracy"] = evald[-1]["domain_accuracy"]
         out["domain_mean_accuracy"] = evald[-1].get("domain_mean_accuracy")
+    out.update(metric_values(rows, _eval_metrics(rd)))
     return out
 
 
@@ -110,6 +139,7 @@ def _tracker_lines(rd: RunDir) -> list[str]:
 
 def format_table(summaries: list[dict]) -> str:
     cols = ["label", "rounds", "accuracy", "ema_accuracy", "mean_last5", "best_accuracy", "mean_round_s", "failures"]
+    cols += list(dict.fromkeys(k for s in summaries for k in s if k not in _SUMMARY_KEYS and "." not in k))
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for s in summaries:
         cells = []
@@ -229,13 +259,15 @@ def report(paths: list[str | Path], out: str | Path | None = None, *, metric: st
     methods x settings pivot of ``metric`` (table.md / table.csv / table.tex) and the plots, into ``out``.
     Returns the text to print (the per-run table; with several runs also the group and pivot tables) and
     the files written."""
-    from fedray.reporting.seeds import (METRICS, format_groups, group_runs, pivot, pivot_csv, pivot_latex,
-                                        pivot_markdown)
+    from fedray.reporting.seeds import (METRICS, check_metric, format_groups, group_runs, is_eval_metric, pivot,
+                                        pivot_csv, pivot_latex, pivot_markdown)
 
-    if metric not in METRICS:
-        raise ValueError(f"--metric {metric!r}: expected one of {', '.join(METRICS)}")
     if metric == "rounds_to_target" and target is None:
         raise ValueError("--metric rounds_to_target needs --target ACCURACY")
+    try:
+        check_metric(metric, target)
+    except ValueError as e:
+        raise ValueError(f"--metric {e}") from None
     if target is not None and not 0 < target <= 1:
         raise ValueError(f"--target {target!r}: expected an accuracy in (0, 1]")
     run_dirs = []
@@ -247,14 +279,20 @@ def report(paths: list[str | Path], out: str | Path | None = None, *, metric: st
     out_dir = Path(out) if out else (run_dirs[0].path / "report" if len(run_dirs) == 1 else Path("report"))
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(rd) for rd in run_dirs]
+    extra = () if metric in METRICS else (metric,)
+    if is_eval_metric(metric) and not any(metric in s for s in summaries):
+        have = sorted({k for s in summaries for k in s if k not in _SUMMARY_KEYS})
+        raise ValueError(f"--metric {metric!r}: no run recorded it (the runs' eval.metrics values: "
+                         f"{', '.join(have) or 'none'})")
     table = format_table(summaries)
     atomic_write_text(out_dir / "summary.md", table + "\n")
-    atomic_write_text(out_dir / "summary.csv", _csv(summaries, [k for k in summaries[0] if k != "domain_accuracy"]))
+    columns = list(dict.fromkeys(k for s in summaries for k in s if k != "domain_accuracy"))
+    atomic_write_text(out_dir / "summary.csv", _csv(summaries, columns))
 
     groups, notes = group_runs(run_dirs, summaries)
-    grouped = format_groups(groups, target)
+    grouped = format_groups(groups, target, extra)
     atomic_write_text(out_dir / "groups.md", grouped + "\n" + "".join(f"\nnote: {n}" for n in notes))
-    atomic_write_text(out_dir / "groups.csv", _csv(_group_rows(groups, target)))
+    atomic_write_text(out_dir / "groups.csv", _csv(_group_rows(groups, target, extra)))
     piv = pivot(groups, metric, target)
     pivot_md = pivot_markdown(piv)
     atomic_write_text(out_dir / "table.md", pivot_md + "\n")
@@ -281,8 +319,9 @@ def _csv(rows: list[dict], fieldnames: list[str] | None = None) -> str:
     return buf.getvalue()
 
 
-def _group_rows(groups: list, target: float | None) -> list[dict]:
-    """groups.csv: per group its labels, seeds, run directories and mean / std / n of each metric."""
+def _group_rows(groups: list, target: float | None, extra: tuple[str, ...] = ()) -> list[dict]:
+    """groups.csv: per group its labels, seeds, run directories and mean / std / n of each metric (and of
+    ``extra``)."""
     from fedray.reporting.seeds import METRICS, csv_number
 
     rows = []
@@ -290,7 +329,7 @@ def _group_rows(groups: list, target: float | None) -> list[dict]:
         row = {"experiment": g.label, "method": g.method, "setting": g.setting, "key": g.key,
                "seeds": len(g.runs), "seed_values": " ".join(str(s) for s in g.seeds),
                "runs": " ".join(rd.path.name for rd in g.runs)}
-        for m in METRICS:
+        for m in (*METRICS, *extra):
             if m == "rounds_to_target" and target is None:
                 continue
             st = g.stat(m, target)

@@ -11,7 +11,9 @@ not ``none``) and one column per setting (the other fields that vary between gro
 its cells are mean ± std (sample std, ddof=1) of one metric over the seeds, written as Markdown, CSV
 and LaTeX (booktabs, best cell per column in bold). ``fedray sweep`` names the rows and columns by config
 fields instead (:func:`label_by`), and its cells may also show ``mean_last5`` or any per-round key of
-metrics.jsonl reduced over the rounds (``last:analysis.effective_rank``, :func:`reduce_rounds`).
+metrics.jsonl reduced over the rounds (``last:analysis.effective_rank``, :func:`reduce_rounds`). A metric of
+``eval.metrics`` (``balanced_accuracy``, or ``NAME.KEY`` of one that reports several values, e.g.
+``per_class_accuracy.3``) shows its value at the last evaluated round, as ``accuracy`` does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +37,8 @@ SUMMARY_METRICS = ("mean_last5",)
 #: ``REDUCTION:KEY``: any per-round key of metrics.jsonl (dotted for nested ones, e.g. analysis.effective_rank,
 #: bytes.activations, domain_mean_accuracy) reduced over the rounds that have it.
 REDUCTIONS = ("last", "mean", "max", "min", "last5")
+#: A metric of ``eval.metrics`` (fedray.metrics.registry): NAME, or NAME.KEY of one that reports several values.
+_EVAL_METRIC = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)?")
 #: Fields that make the method (the row); every other varying field makes the setting (the column).
 METHOD_PREFIXES = ("algorithm.", "server.")
 #: Short names of setting fields in column labels (otherwise the field's last component).
@@ -78,7 +83,7 @@ class Group:
         if ":" in metric:
             how, key = metric.split(":", 1)
             return [reduce_rounds(rows, key, how) for rows in self.metrics]
-        return [float(s.get(metric, math.nan)) for s in self.summaries]
+        return [float(v) if (v := _number(s.get(metric))) is not None else math.nan for s in self.summaries]
 
     def stat(self, metric: str, target: float | None = None) -> Stat:
         return mean_std(self.values(metric, target))
@@ -116,15 +121,27 @@ def reduce_rounds(rows: list[dict], key: str, how: str) -> float:
         how, lambda: sum(vals) / len(vals))()
 
 
+def is_eval_metric(metric: str) -> bool:
+    """Whether ``metric`` names a metric of ``eval.metrics`` (NAME or NAME.KEY; not a key fedray's own rows use),
+    which only the runs' configs can confirm."""
+    from fedray.metrics.registry import RESERVED  # torch-free
+
+    return bool(_EVAL_METRIC.fullmatch(metric)) and metric.split(".")[0] not in RESERVED
+
+
 def check_metric(metric: str, target: float | None = None) -> None:
-    """ValueError unless ``metric`` is one a table cell can show (with ``target`` where it needs one)."""
+    """ValueError unless ``metric`` is one a table cell can show (with ``target`` where it needs one). A metric
+    of ``eval.metrics`` (:func:`is_eval_metric`) passes: the callers check it against the runs' configs."""
     if metric in METRICS or metric in SUMMARY_METRICS:
         if metric == "rounds_to_target" and target is None:
             raise ValueError("rounds_to_target needs a target accuracy")
         return
+    if is_eval_metric(metric):
+        return
     how, _, key = metric.partition(":")
     if how not in REDUCTIONS or not key or any(not p for p in key.split(".")):
-        raise ValueError(f"{metric!r}: expected one of {', '.join(METRICS + SUMMARY_METRICS)}, or REDUCTION:KEY "
+        raise ValueError(f"{metric!r}: expected one of {', '.join(METRICS + SUMMARY_METRICS)}, a metric of "
+                         f"eval.metrics (NAME, or NAME.KEY of one with several values), or REDUCTION:KEY "
                          f"with REDUCTION one of {', '.join(REDUCTIONS)} and KEY a per-round metric "
                          f"(e.g. last:analysis.effective_rank)")
 
@@ -264,8 +281,10 @@ def label_by(groups: list[Group], rows: list[str], columns: list[str]) -> None:
 
 # ------------------------------------------------------------------------------------------- tables
 def _is_acc(metric: str) -> bool:
-    """Shown as a percentage: the accuracies (and any per-round key ending in ``accuracy``)."""
-    return metric != "rounds_to_target" and (":" not in metric or metric.rsplit(".", 1)[-1].endswith("accuracy"))
+    """Shown as a percentage: the accuracies (and any per-round key or eval.metrics value ending in ``accuracy``)."""
+    if metric in METRICS or metric in SUMMARY_METRICS:
+        return metric != "rounds_to_target"
+    return metric.rsplit(".", 1)[-1].endswith("accuracy")
 
 
 def _scale_fmt(metric: str, mean: float = math.nan) -> tuple[float, str]:
@@ -302,13 +321,16 @@ def metric_title(metric: str, target: float | None = None) -> str:
         what = {"last": "last", "mean": "mean over rounds of", "max": "largest", "min": "smallest",
                 "last5": "mean of the last five rounds of"}[how]
         return f"{what} {key}" + (" (%)" if _is_acc(metric) else "")
+    if metric not in METRICS and metric not in SUMMARY_METRICS:  # a metric of eval.metrics
+        return f"final {metric}" + (" (%)" if _is_acc(metric) else "")
     return {"accuracy": "final accuracy (%)", "ema_accuracy": "EMA accuracy (%)",
             "best_accuracy": "best accuracy (%)", "mean_last5": "mean accuracy of the last five rounds (%)"}[metric]
 
 
-def format_groups(groups: list[Group], target: float | None = None) -> str:
-    """Markdown: one row per group with the number of seeds and mean ± std of each metric."""
+def format_groups(groups: list[Group], target: float | None = None, extra: tuple[str, ...] = ()) -> str:
+    """Markdown: one row per group with the number of seeds and mean ± std of each metric (and of ``extra``)."""
     metrics = [m for m in METRICS if m != "rounds_to_target" or target is not None]
+    metrics += [m for m in extra if m not in metrics]
     cols = ["experiment", "seeds"] + [metric_title(m, target) for m in metrics]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for g in groups:

@@ -39,6 +39,9 @@ def _exit_and_message(capsys, args) -> tuple[int, str]:
                                             r"data\.partition\.params\.alpha"),
     ({"table": {"rows": "algorithm.name", "columns": "seed"}}, r"table\.columns: seed cannot label"),
     ({"table": {"rows": "algorithm.name", "metric": "median:loss"}}, r"table\.metric: 'median:loss'"),
+    ({"table": {"rows": "algorithm.name", "columns": "data.partition.params.alpha", "metric": "balanced_accuracy"}},
+     r"table 'table': metric 'balanced_accuracy' is not a table metric and not in eval\.metrics of point 0 "
+     r"\(data\.partition\.params\.alpha=0\.1, seed=0\)"),
     ({"resources": {"workers": 0}}, r"resources\.workers: expected an integer >= 1"),
     ({"paralel": 2}, r"paralel: unknown field in the sweep file"),
     ({"base": "missing.yaml"}, r"base: experiment config .*missing\.yaml' does not exist"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 
 import numpy as np
 import pytest
@@ -84,3 +85,46 @@ def test_report_refuses_a_bad_metric_or_target(tmp_path, capsys):
     assert "needs --target" in capsys.readouterr().err
     assert main(["report", str(a), "--target", "80"]) == 2
     assert "(0, 1]" in capsys.readouterr().err
+
+
+def _with_eval_metrics(path, values: list[dict]) -> None:
+    """Add eval.metrics values to the evaluated rows of a written run (one dict per evaluated round)."""
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    it = iter(values)
+    for r in rows:
+        if r.get("accuracy") is not None:
+            r.update(next(it))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+
+def test_report_of_an_eval_metric_over_seeds(tmp_path, capsys):
+    """--metric NAME of eval.metrics: its final value, mean ± std over the seeds, as the accuracies are (a value of
+    a metric with several as NAME.KEY; REDUCTION:KEY over the rounds); a name no run recorded is refused."""
+    metrics = {"eval": {"metrics": ["balanced_accuracy", "per_class_accuracy"]}}
+    paths = []
+    for seed, final in enumerate((0.5, 0.7)):
+        p = write_run(tmp_path, f"s{seed}", [0.4, None, 0.6], seed=seed, extra=metrics)
+        _with_eval_metrics(p, [{"balanced_accuracy": 0.3, "per_class_accuracy": {"0": 0.2, "1": 0.4}},
+                               {"balanced_accuracy": final, "per_class_accuracy": {"0": final - 0.1, "1": 0.9}}])
+        paths.append(str(p))
+    out = tmp_path / "rep"
+    assert main(["report", *paths, "--out", str(out), "--metric", "balanced_accuracy"]) == 0
+    text = capsys.readouterr().out
+    assert "final balanced_accuracy (%), mean ± std over seeds" in text and "| fedavg | **60.00 ± 14.14** |" in text
+    groups = (out / "groups.md").read_text()
+    assert "final balanced_accuracy (%)" in groups.splitlines()[0] and "60.00 ± 14.14" in groups
+    assert "balanced_accuracy_mean" in (out / "groups.csv").read_text().splitlines()[0]
+    assert (out / "summary.md").read_text().splitlines()[0].endswith("| failures | balanced_accuracy |")
+    csv_header = (out / "summary.csv").read_text().splitlines()[0].split(",")
+    assert csv_header[-3:] == ["balanced_accuracy", "per_class_accuracy.0", "per_class_accuracy.1"]
+    assert main(["report", *paths, "--out", str(out), "--metric", "per_class_accuracy.0"]) == 0
+    assert "| fedavg | 50.00 ± 14.14 |" not in capsys.readouterr().out  # a per-class value is not shown in %
+    assert "0.5000 ± 0.1414" in (out / "table.md").read_text()
+    assert main(["report", *paths, "--out", str(out), "--metric", "mean:balanced_accuracy"]) == 0
+    assert "45.00 ± 7.07" in (out / "table.md").read_text()
+    for bad in ("per_class_accuracy", "macro_f1"):  # a metric with several values, one the runs did not compute
+        assert main(["report", *paths, "--out", str(out), "--metric", bad]) == 2
+        assert (f"--metric {bad!r}: no run recorded it (the runs' eval.metrics values: balanced_accuracy, "
+                f"per_class_accuracy.0, per_class_accuracy.1)") in capsys.readouterr().err
+    assert main(["report", *paths, "--out", str(out), "--metric", "loss"]) == 2  # a key of fedray's own rows
+    assert "a metric of eval.metrics (NAME, or NAME.KEY" in capsys.readouterr().err
