@@ -28,6 +28,13 @@ _LAZY = {
     "FedModel": ("fedray.models", "FedModel"),
     "ParamSpec": ("fedray.core.params", "ParamSpec"),
     "ConfigError": ("fedray.core.errors", "ConfigError"),
+    # the Python API for notebooks (docs/python-api.md)
+    "run": ("fedray.api", "run"),
+    "load_run": ("fedray.api", "load_run"),
+    "sweep": ("fedray.api", "sweep"),
+    "tune": ("fedray.api", "tune"),
+    "RunResult": ("fedray.api", "RunResult"),
+    "data": ("fedray.api", "data"),
 }
 
 __all__ = ["__version__", *_LAZY]

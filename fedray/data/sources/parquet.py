@@ -204,10 +204,25 @@ class _ParquetTables:
         cols = [image_column, label_column] + ([domain_column] if domain_column else [])
         self.train, self.full_schema = _read_split(tr_files, cols, where)  # the first train file's schema
         self.test, _ = _read_split(te_files, cols, where)
+        self._inspect()
+
+    @classmethod
+    def of_tables(cls, train: pa.Table, test: pa.Table | None, label: str, image_column: str, label_column: str,
+                  domain_column: str | None) -> "_ParquetTables":
+        """Tables already in memory (:func:`fedray.data.memory.from_hf`); ``label`` names them in errors, and a
+        relative image path is taken relative to the working directory."""
+        self = cls.__new__(cls)
+        self.tr_files, self.te_files = [Path(label)], ([Path(label)] if test is not None else [])
+        self.image_column, self.label_column, self.domain_column = image_column, label_column, domain_column
+        self.train, self.test, self.full_schema = train, test, train.schema
+        self._inspect()
+        return self
+
+    def _inspect(self) -> None:
         self.stored_meta = None
         if META_KEY in (self.full_schema.metadata or {}):
             self.stored_meta = DatasetMeta.from_json(self.full_schema.metadata[META_KEY])
-        self.img_type = self.train.schema.field(image_column).type
+        self.img_type = self.train.schema.field(self.image_column).type
         self.encoded = (pa.types.is_struct(self.img_type) or pa.types.is_binary(self.img_type)
                         or pa.types.is_large_binary(self.img_type))
 
