@@ -146,7 +146,7 @@ def check_model_needs(cfg: ExperimentConfig, model) -> None:
     ``eval.analysis_every`` needs (the ``embedding`` tap): a ConfigError naming the algorithm, the model (and the
     plugin it comes from) and what it lacks, before any work."""
     from fedray.algorithms import ALGORITHMS
-    from fedray.algorithms.base import MODEL_NEEDS
+    from fedray.algorithms.registry import MODEL_NEEDS
     from fedray.core.registry import is_builtin
     from fedray.models import MODELS, FedModel
 

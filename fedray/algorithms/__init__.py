@@ -1,15 +1,8 @@
 """Algorithm registry: importing this package registers every shipped algorithm."""
 
-from fedray.algorithms.base import (  # noqa: F401
-    ALGORITHMS,
-    Algorithm,
-    ClientContext,
-    ClientUpdate,
-    algorithm_of,
-    build_algorithm,
-    register,
-)
-from fedray.algorithms.base import register as register_algorithm  # noqa: F401  (the public name, fedray.register_algorithm)
+from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate  # noqa: F401
+from fedray.algorithms.registry import ALGORITHMS, algorithm_of, build_algorithm, register  # noqa: F401
+from fedray.algorithms.registry import register as register_algorithm  # noqa: F401  (the public name, fedray.register_algorithm)
 from fedray.algorithms import fedavg  # noqa: F401
 from fedray.algorithms import fedrcl, baselines  # noqa: F401  (FedRCL, FedSCL, FedCL; FitNet, MOON, FedLC, FedNTD, FedDecorr, FedMLB, FedProc, FedDyn)
 from fedray.algorithms import prototypes, fedccl  # noqa: F401  (FedProto, FPL, FedPCL, FedCCL, FedCCL+, FedAvg+)

@@ -5,7 +5,7 @@ Hyper-parameter names follow FedRCL's appendix E (β for FedNTD/FedDecorr, λ fo
 μ for MOON, τ for FedLC, α for FedDyn); every temperature is called ``tau``. Methods that need the global
 model keep one frozen replica per worker (built once with ``ctx.model_factory``, reloaded with the
 broadcast weights for every client, ``requires_grad`` off, eval mode). All of them train with
-:func:`fedray.algorithms.base.local_sgd`, so FedACG's client proximal term and gradient clipping apply
+:func:`fedray.algorithms.training.local_sgd`, so FedACG's client proximal term and gradient clipping apply
 unchanged, and all except FedDyn aggregate like FedAvg (``weighting: samples | uniform``).
 """
 
@@ -15,10 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, param_anchors, register
+from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fedray.algorithms.registry import register
+from fedray.algorithms.training import local_sgd, param_anchors
 from fedray.algorithms.fedavg import WEIGHTING, FedAvg
 from fedray.algorithms.fedrcl import LEVELS_SPEC, level_taps, normalize_levels
-from fedray.algorithms.prototypes import (
+from fedray.algorithms.signals import (
     SIGNAL_TAP,
     class_means,
     embed_client,
@@ -353,7 +355,7 @@ class FedProc(FedAvg):
     ``L = α_r·L_proto + (1-α_r)·CE``, ``L_proto = mean_i -log( e^{cos(f_i,p_{y_i})/τ} / Σ_c e^{cos(f_i,p_c)/τ} )``
     over the global prototypes p_c (samples whose class has none count 0; τ = 1 as in the reference),
     ``α_r = 1 - (r-1)/(R-1)`` decaying linearly from 1 in round 1 to 0 in the last round R.
-    f is the feature tap ``tap`` resolved like FedCCL/FedProto/FPL (:func:`~fedray.algorithms.prototypes.resolve_signal_tap`):
+    f is the feature tap ``tap`` resolved like FedCCL/FedProto/FPL (:func:`~fedray.algorithms.signals.resolve_signal_tap`):
     ``auto`` (default) is the trainable head's hidden layer (``head_hidden``) when the model is a frozen
     backbone + MLP head, else ``embedding``; ``tap: embedding`` keeps the old choice, whose contrast has no
     gradient when the backbone is frozen.

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fedray.algorithms.base import Algorithm, ClientHints, register
+from fedray.algorithms.base import Algorithm, ClientHints
+from fedray.algorithms.registry import register
 from fedray.core.params import ParamSpec
 
 WEIGHTING = ParamSpec("samples", "aggregation weight of a client: 'samples' (its sample count) or 'uniform' (equal)",

@@ -49,9 +49,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, register
+from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fedray.algorithms.registry import register
+from fedray.algorithms.training import local_sgd
 from fedray.algorithms.fedavg import FedAvg
-from fedray.algorithms.prototypes import (
+from fedray.algorithms.signals import (
     SIGNAL_TAP,
     SignalAccounting,
     arrays_nbytes,

@@ -1,6 +1,6 @@
 """FedRCL (Seo, Kim, Kim, Han — CVPR 2024) and its contrastive ablations FedSCL and FedCL (METHODS.md §1).
 
-All three train with :func:`fedray.algorithms.base.local_sgd` and aggregate like FedAvg (``weighting``:
+All three train with :func:`fedray.algorithms.training.local_sgd` and aggregate like FedAvg (``weighting``:
 ``samples`` by default, ``uniform`` for FedRCL's unweighted mean; the two coincide on balanced
 partitions). Feature levels are the model's feature taps: ``levels: all`` (default) uses every tap except
 ``embedding`` — ``l1..l5`` on ``cnn_taps`` / ``resnet18_gn``, i.e. the stem and the four stages taken
@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedray.algorithms.base import ClientContext, register
+from fedray.algorithms.base import ClientContext
+from fedray.algorithms.registry import register
 from fedray.algorithms.fedavg import WEIGHTING, FedAvg
 from fedray.config import ConfigError
 from fedray.core.params import ParamSpec

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedray.algorithms.base import ClientContext, ClientUpdate, register
+from fedray.algorithms.base import ClientContext, ClientUpdate
+from fedray.algorithms.registry import register
 from fedray.algorithms.baselines import FedLC
 from fedray.algorithms.fedavg import WEIGHTING, FedAvg
 from fedray.algorithms.split import EPS_SPEC, ZERO_MODE_SPEC

@@ -1,6 +1,6 @@
-"""Prototype baselines of the FedCCL comparison: FedProto, FPL and FedPCL (METHODS.md §2), plus the
-signal helpers FedCCL shares with them (client embeddings, per-class means / FINCH clusters, byte
-accounting of the exchanged vectors).
+"""Prototype baselines of the FedCCL comparison: FedProto, FPL and FedPCL (METHODS.md §2). The signal helpers
+they share with FedCCL (client embeddings, per-class means / FINCH clusters, byte accounting of the exchanged
+vectors) are in :mod:`fedray.algorithms.signals`; FedPCL's losses in :mod:`fedray.losses.prototypes`.
 
 Notation: f(x) the model's feature tap (``embedding`` by default: the vector the classifier reads),
 ``cos`` cosine similarity, ``B`` the batch size, ``D`` the feature dimension, ``C`` the classes.
@@ -47,197 +47,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate, local_sgd, register
-from fedray.config import ConfigError
+from fedray.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from fedray.algorithms.registry import register
+from fedray.algorithms.training import local_sgd
+from fedray.algorithms.signals import (  # noqa: F401  (SIGNAL_TAP, resolve_signal_tap: the signal helpers' home)
+    SIGNAL_TAP,
+    LastEpochPrototypes,
+    SignalAccounting,
+    _check_extras,
+    arrays_nbytes,
+    as_tensor,
+    class_means,
+    clustered_means,
+    embed_client,
+    logits_and_features,
+    resolve_signal_tap,
+    resolve_tap,
+    sorted_extras,
+)
 from fedray.core.params import ParamSpec
-
-# --------------------------------------------------------------------------------------------------------
-# shared helpers (also used by fedray.algorithms.fedccl)
-# --------------------------------------------------------------------------------------------------------
-
-
-def resolve_tap(model, tap: str) -> str:
-    """``auto`` -> ``head_hidden`` when the model has that tap (a backbone + MLP head), else ``embedding``."""
-    taps = tuple(getattr(model, "feature_taps", ()))
-    if tap == "auto":
-        return "head_hidden" if "head_hidden" in taps else "embedding"
-    if tap not in taps:
-        raise ConfigError(f"algorithm.params.tap: model has no feature tap {tap!r} (taps: {', '.join(taps)})")
-    return tap
-
-
-def resolve_signal_tap(model, tap: str) -> str:
-    """The tap whose features FedCCL, FedProto and FPL contrast and upload. ``auto`` -> ``head_hidden`` when
-    the model is a backbone + MLP head whose backbone is frozen (``freeze_backbone: true``, the papers'
-    pre-trained extractor: only the head trains, so a loss on the frozen ``embedding`` would have no
-    gradient), else ``embedding`` (the vector the classifier reads, FedCCL's f(x))."""
-    if tap == "auto":
-        backbone = getattr(model, "backbone", None)
-        frozen = backbone is not None and not any(p.requires_grad for p in backbone.parameters())
-        return "head_hidden" if frozen and "head_hidden" in tuple(getattr(model, "feature_taps", ())) else "embedding"
-    return resolve_tap(model, tap)
-
-
-# the tap must exist on the model, so the name is checked when a client resolves it (resolve_signal_tap)
-SIGNAL_TAP = ParamSpec("auto", "feature tap whose features are contrasted and uploaded ('auto': head_hidden with a "
-                       "frozen backbone, else embedding)", str)
-
-
-def logits_and_features(model, x: torch.Tensor, tap: str = "embedding") -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass returning the logits and the (pooled, (B, D)) feature tap."""
-    from fedray.models import pool_tap
-
-    logits, taps = model.forward_features(x, taps=(tap,))
-    return logits, pool_tap(taps[tap])
-
-
-@torch.no_grad()
-def embed_client(ctx: ClientContext, tap: str = "embedding", batch_size: int = 512) -> tuple[np.ndarray, np.ndarray]:
-    """Features of all of the client's samples with the current (trained) model in eval mode, no augmentation.
-
-    Returns ``(features (n, D) float32, labels (n,) int64)`` in storage order; restores the model's mode.
-    """
-    from fedray.data.loader import to_float
-
-    model = ctx.model
-    was_training = model.training
-    model.eval()
-    out = []
-    try:
-        for i in range(0, ctx.num_samples, batch_size):
-            xb = to_float(torch.from_numpy(np.array(ctx.images[i : i + batch_size])), ctx.meta, ctx.normalize)
-            xb = xb.to(ctx.device)
-            _, f = logits_and_features(model, xb, tap)
-            out.append(f.float().cpu())
-    finally:
-        model.train(was_training)
-    feats = torch.cat(out).numpy() if out else np.zeros((0, 0), np.float32)
-    return np.ascontiguousarray(feats, dtype=np.float32), np.asarray(ctx.labels, dtype=np.int64)
-
-
-def class_means(feats: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One mean vector per class present, classes ascending: ``(means (k, D) float32, classes (k,) int64)``."""
-    labels = np.asarray(labels, dtype=np.int64)
-    classes = np.unique(labels)
-    if classes.size == 0:
-        return np.zeros((0, feats.shape[1] if feats.ndim == 2 else 0), np.float32), classes
-    sums = np.zeros((classes.size, feats.shape[1]), np.float64)
-    np.add.at(sums, np.searchsorted(classes, labels), feats.astype(np.float64))
-    counts = np.bincount(np.searchsorted(classes, labels), minlength=classes.size).astype(np.float64)
-    return (sums / counts[:, None]).astype(np.float32), classes
-
-
-def clustered_means(feats: np.ndarray, labels: np.ndarray, mode: str = "clustered") -> tuple[np.ndarray, np.ndarray]:
-    """Per class (ascending), the cluster means of that class's rows: FINCH (cosine, no early exit, the
-    coarsest partition it keeps; means of the original rows, Eq. 8-10 / 13-14) for ``mode="clustered"``,
-    the plain class mean for ``mode="averaged"``. A class with one row gives that row.
-
-    Returns ``(vectors (m, D) float32, their classes (m,) int64)``.
-    """
-    from fedray.clustering import finch_means
-
-    if mode == "averaged":
-        return class_means(feats, labels)
-    labels = np.asarray(labels, dtype=np.int64)
-    vecs, labs = [], []
-    for c in np.unique(labels):
-        x = np.ascontiguousarray(feats[labels == c], dtype=np.float32)
-        means, _ = finch_means(x, "last", distance="cosine", ensure_early_exit=False)
-        vecs.append(np.asarray(means, dtype=np.float32))
-        labs.append(np.full(means.shape[0], c, dtype=np.int64))
-    if not vecs:
-        return np.zeros((0, feats.shape[1] if feats.ndim == 2 else 0), np.float32), np.zeros(0, np.int64)
-    return np.ascontiguousarray(np.concatenate(vecs)), np.concatenate(labs)
-
-
-def arrays_nbytes(obj) -> int:
-    """Bytes of every numpy array inside a (nested) dict / list / tuple payload."""
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(arrays_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(arrays_nbytes(v) for v in obj)
-    return 0
-
-
-def as_tensor(a: np.ndarray, device, dtype=None) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return t.to(device=device, dtype=dtype) if dtype is not None else t.to(device)
-
-
-def sorted_extras(extras: list[dict]) -> list[dict]:
-    """Client extras in ascending client id: server-side results never depend on arrival or sampling order."""
-    return sorted(extras, key=lambda e: int(e["cid"]))
-
-
-class SignalAccounting:
-    """Mix-in: record the signal bytes of a round in the server state and report them.
-
-    ``after_aggregate`` of the algorithm calls :meth:`_record_bytes` with the payload bytes one client
-    received this round and the bytes the clients uploaded; the coordinator calls :meth:`round_metrics`
-    (``num_sampled`` clients received the broadcast) and merges the result into the round report.
-    """
-
-    def payload_nbytes(self, state: dict) -> int:
-        return arrays_nbytes(self.broadcast(0, None, state))
-
-    @staticmethod
-    def _record_bytes(state: dict, rnd: int, per_client: int, upload: int) -> None:
-        state["bytes"] = {"round": int(rnd), "broadcast_per_client": int(per_client), "upload": int(upload)}
-
-    def round_metrics(self, rnd: int, state: dict, num_sampled: int) -> dict:
-        b = state.get("bytes") or {}
-        if b.get("round") == rnd:
-            per_client, upload = int(b["broadcast_per_client"]), int(b["upload"])
-        else:  # nothing aggregated this round (every client dropped): the state was broadcast, nothing came back
-            per_client, upload = self.payload_nbytes(state), 0
-        bcast = per_client * int(num_sampled)
-        return {"bytes_signals": bcast + upload, "bytes": {"signals_broadcast": bcast, "signals_upload": upload}}
-
-
-class LastEpochPrototypes:
-    """Accumulates per-class feature sums over the last local epoch (RethinkFL's on-the-fly prototypes).
-
-    ``local_sgd`` visits ``ceil(n / bs)`` batches per epoch (``floor`` with ``drop_last``); the batches of
-    the last epoch are the last ``per_epoch`` calls (with ``train.local_steps = T``: the last
-    ``min(T, per_epoch)`` steps, one epoch's worth).
-    """
-
-    def __init__(self, ctx: ClientContext, num_classes: int):
-        t = ctx.train
-        n, bs = ctx.num_samples, int(t.batch_size)
-        per_epoch = n // bs if t.drop_last else -(-n // bs)
-        steps = getattr(t, "local_steps", None)
-        total = int(t.local_epochs) * per_epoch if steps is None else int(steps)
-        self.first_batch = max(0, total - per_epoch)
-        self.calls = 0
-        self.sums: torch.Tensor | None = None
-        self.counts = torch.zeros(num_classes, dtype=torch.float64)
-
-    def add(self, feats: torch.Tensor, y: torch.Tensor) -> None:
-        if self.calls >= self.first_batch:
-            f = feats.detach().to("cpu", torch.float64)
-            if self.sums is None:
-                self.sums = torch.zeros(self.counts.shape[0], f.shape[1], dtype=torch.float64)
-            yc = y.detach().cpu()
-            self.sums.index_add_(0, yc, f)
-            self.counts += torch.bincount(yc, minlength=self.counts.shape[0]).double()
-        self.calls += 1
-
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.sums is None:
-            return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
-        present = torch.nonzero(self.counts > 0).flatten()
-        protos = (self.sums[present] / self.counts[present, None]).float().numpy()
-        return np.ascontiguousarray(protos), present.numpy().astype(np.int64)
-
-
-def _check_extras(extras: list[dict], key: str) -> None:
-    for e in extras:
-        if key not in e:
-            raise RuntimeError(f"client {e.get('cid')} returned no {key!r} in its extras")
-
+from fedray.losses import prototype_anchor_contrast, prototype_two_view_contrast
 
 # --------------------------------------------------------------------------------------------------------
 # FedProto and FPL
@@ -339,70 +168,6 @@ class FPL(_RoundPrototypes):
 # --------------------------------------------------------------------------------------------------------
 # FedPCL
 # --------------------------------------------------------------------------------------------------------
-
-
-def prototype_anchor_contrast(features: torch.Tensor, labels: torch.Tensor, proto_sets: torch.Tensor,
-                              proto_classes: torch.Tensor, tau: float = 0.07, reduction: str = "sum") -> torch.Tensor:
-    r"""FedPCL's prototype-anchored supervised contrast, vectorised over prototype sets.
-
-    ``proto_sets`` (S, K, D) holds S prototype sets over the K classes ``proto_classes`` (K,). For set s and a
-    sample i of class c = y_i with a prototype:
-    ``L_i^s = −(1/n_c) Σ_{j: y_j=c} [ cos(p^s_c, f_j)/τ − log Σ_k e^{cos(p^s_c, f_k)/τ} ]``
-    (n_c = samples of class c in the batch, k over the whole batch). The loss is ``Σ_s (1/B) Σ_i L_i^s``
-    (``reduction="sum"``) or its mean over sets (``"mean"``); samples whose class has no prototype give 0.
-    Prototypes are detached (coordinator values).
-    """
-    if features.dim() != 2 or features.shape[0] == 0:
-        raise ValueError(f"features must be a non-empty (B, D) tensor, got shape {tuple(features.shape)}")
-    if proto_sets.dim() != 3 or proto_sets.shape[2] != features.shape[1]:
-        raise ValueError(f"proto_sets must be (S, K, {features.shape[1]}), got shape {tuple(proto_sets.shape)}")
-    if proto_classes.shape != (proto_sets.shape[1],):
-        raise ValueError(f"proto_classes must be ({proto_sets.shape[1]},), got shape {tuple(proto_classes.shape)}")
-    if reduction not in ("sum", "mean"):
-        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    if proto_sets.shape[0] == 0 or proto_sets.shape[1] == 0:
-        return features.sum() * 0.0
-    f = F.normalize(features.float(), dim=1)
-    p = F.normalize(proto_sets.detach().to(f.dtype), dim=2)
-    logits = torch.einsum("skd,bd->skb", p, f) / tau  # (S, K, B)
-    member = (labels[None, :] == proto_classes[:, None]).to(f.dtype)  # (K, B)
-    n = member.sum(dim=1)  # (K,)
-    pos_mean = (logits * member[None]).sum(dim=2) / n.clamp(min=1)[None]  # (S, K)
-    per_class = torch.logsumexp(logits, dim=2) - pos_mean  # (S, K); only classes with n > 0 are used below
-    weight = n / features.shape[0]  # (1/B) Σ_i over the n_c rows of class c
-    per_set = (per_class * weight[None]).sum(dim=1)  # (S,)
-    return per_set.sum() if reduction == "sum" else per_set.mean()
-
-
-def prototype_two_view_contrast(features: torch.Tensor, labels: torch.Tensor, proto_sets: torch.Tensor,
-                                proto_classes: torch.Tensor, tau: float = 0.07, reduction: str = "sum") -> torch.Tensor:
-    r"""FedPCL's released two-view loss (module docstring, ``views: 2``), vectorised over prototype sets.
-
-    ``features`` (2B, D): view 1 of the B samples then view 2 (already normalised by the caller),
-    ``labels`` (B,). Row r's anchor is the raw prototype of its class in set s; logits are dot products / τ
-    against all 2B rows with the row's own entry masked; positives are the other rows of its class. Rows
-    whose class has no prototype count 0. ``Σ_s`` (``"sum"``) or the mean over sets (``"mean"``)."""
-    if features.dim() != 2 or features.shape[0] == 0 or features.shape[0] != 2 * labels.shape[0]:
-        raise ValueError(f"features must be (2B, D) for {labels.shape[0]} labels, got {tuple(features.shape)}")
-    if proto_sets.dim() != 3 or proto_sets.shape[2] != features.shape[1]:
-        raise ValueError(f"proto_sets must be (S, K, {features.shape[1]}), got shape {tuple(proto_sets.shape)}")
-    if reduction not in ("sum", "mean"):
-        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    if proto_sets.shape[0] == 0 or proto_sets.shape[1] == 0:
-        return features.sum() * 0.0
-    f = features.float()
-    y = torch.cat([labels, labels])
-    n = y.shape[0]
-    slot = (y[:, None] == proto_classes[None, :])  # (2B, K)
-    has = slot.any(dim=1)
-    anchors = proto_sets.detach().to(f.dtype)[:, slot.float().argmax(dim=1)]  # (S, 2B, D)
-    logits = torch.einsum("srd,kd->srk", anchors, f) / tau  # (S, 2B, 2B)
-    eye = torch.eye(n, dtype=torch.bool, device=f.device)
-    log_den = torch.logsumexp(logits.masked_fill(eye, float("-inf")), dim=2, keepdim=True)
-    pos = ((y[:, None] == y[None, :]) & ~eye).to(f.dtype)  # (2B, 2B)
-    per_row = -((logits - log_den) * pos).sum(dim=2) / pos.sum(dim=1).clamp(min=1)  # (S, 2B)
-    per_set = (per_row * has.to(f.dtype)).sum(dim=1) / n
-    return per_set.sum() if reduction == "sum" else per_set.mean()
 
 
 @register

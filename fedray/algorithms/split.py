@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedray.algorithms.base import Algorithm, register
+from fedray.algorithms.base import Algorithm
+from fedray.algorithms.registry import register
 from fedray.config import ConfigError
 from fedray.core.params import ParamSpec
 from fedray.losses import ZERO_MODES, label_prior, logit_adjusted_ce

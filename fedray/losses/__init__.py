@@ -44,7 +44,9 @@ from .prototypes import (
     cluster_contrast_local,
     fpl_infonce_loss,
     fpl_mse_loss,
+    prototype_anchor_contrast,
     prototype_contrast_loss,
+    prototype_two_view_contrast,
 )
 
 __all__ = [
@@ -63,6 +65,8 @@ __all__ = [
     "fpl_infonce_loss",
     "fpl_mse_loss",
     "prototype_contrast_loss",
+    "prototype_anchor_contrast",
+    "prototype_two_view_contrast",
     "proximal_term",
     "RCL_VARIANTS",
     "ZERO_MODES",

@@ -142,3 +142,72 @@ def prototype_contrast_loss(
     ``α·L + (1-α)·CE`` with α = 1 - r/(R-1).
     """
     return _signal_contrast(features, labels, prototypes, proto_classes, tau, ("prototypes", "proto_classes"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# 10. FedPCL: prototype-anchored supervised contrast (one view and the released two-view form)
+# ----------------------------------------------------------------------------------------------------
+
+
+def prototype_anchor_contrast(features: torch.Tensor, labels: torch.Tensor, proto_sets: torch.Tensor,
+                              proto_classes: torch.Tensor, tau: float = 0.07, reduction: str = "sum") -> torch.Tensor:
+    r"""FedPCL's prototype-anchored supervised contrast, vectorised over prototype sets.
+
+    ``proto_sets`` (S, K, D) holds S prototype sets over the K classes ``proto_classes`` (K,). For set s and a
+    sample i of class c = y_i with a prototype:
+    ``L_i^s = −(1/n_c) Σ_{j: y_j=c} [ cos(p^s_c, f_j)/τ − log Σ_k e^{cos(p^s_c, f_k)/τ} ]``
+    (n_c = samples of class c in the batch, k over the whole batch). The loss is ``Σ_s (1/B) Σ_i L_i^s``
+    (``reduction="sum"``) or its mean over sets (``"mean"``); samples whose class has no prototype give 0.
+    Prototypes are detached (coordinator values).
+    """
+    if features.dim() != 2 or features.shape[0] == 0:
+        raise ValueError(f"features must be a non-empty (B, D) tensor, got shape {tuple(features.shape)}")
+    if proto_sets.dim() != 3 or proto_sets.shape[2] != features.shape[1]:
+        raise ValueError(f"proto_sets must be (S, K, {features.shape[1]}), got shape {tuple(proto_sets.shape)}")
+    if proto_classes.shape != (proto_sets.shape[1],):
+        raise ValueError(f"proto_classes must be ({proto_sets.shape[1]},), got shape {tuple(proto_classes.shape)}")
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    if proto_sets.shape[0] == 0 or proto_sets.shape[1] == 0:
+        return features.sum() * 0.0
+    f = F.normalize(features.float(), dim=1)
+    p = F.normalize(proto_sets.detach().to(f.dtype), dim=2)
+    logits = torch.einsum("skd,bd->skb", p, f) / tau  # (S, K, B)
+    member = (labels[None, :] == proto_classes[:, None]).to(f.dtype)  # (K, B)
+    n = member.sum(dim=1)  # (K,)
+    pos_mean = (logits * member[None]).sum(dim=2) / n.clamp(min=1)[None]  # (S, K)
+    per_class = torch.logsumexp(logits, dim=2) - pos_mean  # (S, K); only classes with n > 0 are used below
+    weight = n / features.shape[0]  # (1/B) Σ_i over the n_c rows of class c
+    per_set = (per_class * weight[None]).sum(dim=1)  # (S,)
+    return per_set.sum() if reduction == "sum" else per_set.mean()
+
+
+def prototype_two_view_contrast(features: torch.Tensor, labels: torch.Tensor, proto_sets: torch.Tensor,
+                                proto_classes: torch.Tensor, tau: float = 0.07, reduction: str = "sum") -> torch.Tensor:
+    r"""FedPCL's released two-view loss (module docstring, ``views: 2``), vectorised over prototype sets.
+
+    ``features`` (2B, D): view 1 of the B samples then view 2 (already normalised by the caller),
+    ``labels`` (B,). Row r's anchor is the raw prototype of its class in set s; logits are dot products / τ
+    against all 2B rows with the row's own entry masked; positives are the other rows of its class. Rows
+    whose class has no prototype count 0. ``Σ_s`` (``"sum"``) or the mean over sets (``"mean"``)."""
+    if features.dim() != 2 or features.shape[0] == 0 or features.shape[0] != 2 * labels.shape[0]:
+        raise ValueError(f"features must be (2B, D) for {labels.shape[0]} labels, got {tuple(features.shape)}")
+    if proto_sets.dim() != 3 or proto_sets.shape[2] != features.shape[1]:
+        raise ValueError(f"proto_sets must be (S, K, {features.shape[1]}), got shape {tuple(proto_sets.shape)}")
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    if proto_sets.shape[0] == 0 or proto_sets.shape[1] == 0:
+        return features.sum() * 0.0
+    f = features.float()
+    y = torch.cat([labels, labels])
+    n = y.shape[0]
+    slot = (y[:, None] == proto_classes[None, :])  # (2B, K)
+    has = slot.any(dim=1)
+    anchors = proto_sets.detach().to(f.dtype)[:, slot.float().argmax(dim=1)]  # (S, 2B, D)
+    logits = torch.einsum("srd,kd->srk", anchors, f) / tau  # (S, 2B, 2B)
+    eye = torch.eye(n, dtype=torch.bool, device=f.device)
+    log_den = torch.logsumexp(logits.masked_fill(eye, float("-inf")), dim=2, keepdim=True)
+    pos = ((y[:, None] == y[None, :]) & ~eye).to(f.dtype)  # (2B, 2B)
+    per_row = -((logits - log_den) * pos).sum(dim=2) / pos.sum(dim=1).clamp(min=1)  # (S, 2B)
+    per_set = (per_row * has.to(f.dtype)).sum(dim=1) / n
+    return per_set.sum() if reduction == "sum" else per_set.mean()

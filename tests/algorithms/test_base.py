@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.algorithms.base import broadcast_proximal_term
+from fedray.algorithms.training import broadcast_proximal_term
 from fedray.config import TrainConfig
 from fedray.core.weights import FlatParams
 from tests.algorithms.clients import tiny_taps_model as _tiny_model, toy_context as _ctx
@@ -68,7 +68,7 @@ def test_local_steps_takes_exactly_t_steps_on_the_keyed_batches(steps, drop_last
     """train.local_steps = T: exactly T optimizer steps, on the first T batches of the client's keyed epoch
     permutations (crossing epoch boundaries; 10 rows, batch 4: 3 batches an epoch, 2 with drop_last);
     local_epochs is ignored."""
-    from fedray.algorithms.base import batch_schedule, local_sgd
+    from fedray.algorithms.training import batch_schedule, local_sgd
 
     model = _tiny_model()
     g = FlatParams(model).read()
@@ -92,7 +92,7 @@ def test_local_steps_takes_exactly_t_steps_on_the_keyed_batches(steps, drop_last
 def test_local_steps_equal_to_the_epoch_schedule_reproduces_it():
     """T = epochs x batches per epoch gives the epoch schedule exactly (same batches, same trained weights)."""
     from fedray.algorithms import build_algorithm
-    from fedray.algorithms.base import batch_schedule
+    from fedray.algorithms.training import batch_schedule
 
     g = FlatParams(_tiny_model()).read()
     runs = []
@@ -108,7 +108,7 @@ def test_local_steps_equal_to_the_epoch_schedule_reproduces_it():
 def test_client_optimizers_are_torchs_bit_for_bit(name, momentum, wd):
     """make_torch_optimizer's optimizers (whose step skips torch's dynamo wrapper) are torch.optim.SGD / Adam:
     the same parameters, bit for bit, after steps with zero_grad and a state_dict round trip between them."""
-    from fedray.algorithms.base import make_torch_optimizer
+    from fedray.algorithms.training import make_torch_optimizer
 
     train = TrainConfig(optimizer=name, momentum=momentum, weight_decay=wd, lr=0.05)
     models = []
@@ -134,7 +134,7 @@ def test_client_optimizers_are_torchs_bit_for_bit(name, momentum, wd):
 DYNAMO_FREE = """
 import sys
 import torch
-from fedray.algorithms.base import make_torch_optimizer
+from fedray.algorithms.training import make_torch_optimizer
 from fedray.config import TrainConfig
 for name in ("sgd", "adam"):
     model = torch.nn.Linear(4, 2)

@@ -245,7 +245,7 @@ def test_fedpcl_two_view_contrast_matches_the_released_code_equation():
     rows of its class; mean over rows, summed over the sets. Naive loops in float64."""
     import math
 
-    from fedray.algorithms.prototypes import prototype_two_view_contrast
+    from fedray.losses import prototype_two_view_contrast
 
     g = torch.Generator().manual_seed(0)
     labels = torch.tensor([0, 2, 2, 1, 0])

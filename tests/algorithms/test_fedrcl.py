@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fedray.algorithms import ALGORITHMS, build_algorithm
-from fedray.algorithms.base import local_sgd
+from fedray.algorithms.training import local_sgd
 from fedray.config import ConfigError, from_dict
 from fedray.engine.runner import run_experiment
 from fedray.engine.state import ClientStateStore

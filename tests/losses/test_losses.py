@@ -718,7 +718,7 @@ def _pcl_ref(f, y, sets, classes, tau, reduction):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_prototype_anchor_contrast_matches_loop_reference(seed, reduction):
-    from fedray.algorithms.prototypes import prototype_anchor_contrast
+    from fedray.losses import prototype_anchor_contrast
 
     g = _gen(seed)
     f = torch.randn(11, 6, generator=g, dtype=DT)

@@ -11,7 +11,7 @@ exactly per-client). Per-client Python work (model reload, optimizer constructio
 once per group instead of once per client, which is what dominates small models and small clients.
 
 **Equal to sequential execution.** Each client sees exactly the batches of
-:func:`fedray.algorithms.base.local_sgd` (same permutation per epoch from the generator keyed by (seed,
+:func:`fedray.algorithms.training.local_sgd` (same permutation per epoch from the generator keyed by (seed,
 round, client), same augmentation generator, same learning rate, gradient clipping per client). The
 results are equal to sequential execution within float tolerance (different kernels sum in a different
 order), not bit for bit.
@@ -223,7 +223,8 @@ class _Group:
 
     def __init__(self, model, layout, gw: np.ndarray, members, *, rnd, seed, train, meta, normalize, augment,
                  device, prox_mu, workspaces):
-        from fedray.algorithms.base import ClientContext, batch_schedule
+        from fedray.algorithms.base import ClientContext
+        from fedray.algorithms.training import batch_schedule
 
         self.model, self.gw, self.members = model, gw, members
         self.train, self.meta, self.normalize, self.augment, self.device = train, meta, normalize, augment, device
@@ -337,7 +338,7 @@ def train_group(model: nn.Module, layout, global_weights: np.ndarray, members: l
     tensors are not modified. ``prox_mu`` adds ``prox_mu/2 ||w - w_global||^2`` to every client's loss
     (FedProx's mu, FedACG's client term). ``workspaces``: a dict in which stacked buffers are kept between
     calls. See the module docstring for the schedule and the equivalence with
-    :func:`fedray.algorithms.base.local_sgd`.
+    :func:`fedray.algorithms.training.local_sgd`.
     """
     device = torch.device(device)
     gw = np.asarray(global_weights, dtype=np.float32)

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from fedray.algorithms.base import ClientContext, make_optimizer
+from fedray.algorithms.base import ClientContext
+from fedray.algorithms.training import make_optimizer
 from fedray.core.seeds import seed_of, seeded
 from fedray.data.loader import to_float
 from fedray.engine.outcomes import SplitOutcome, error_text, is_fatal

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from fedray.algorithms.base import make_torch_optimizer
+from fedray.algorithms.training import make_torch_optimizer
 from fedray.core.seeds import SERVER_STREAM, seed_of, seeded
 from fedray.engine.fold import OrderedFold
 from fedray.engine.split_layout import SplitLayout, has_dropout, views

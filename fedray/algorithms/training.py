@@ -1,0 +1,194 @@
+"""The local training loop every federated algorithm shares (:func:`local_sgd`), its batch schedule, the
+client optimizer and the proximal term of :class:`~fedray.algorithms.base.ClientHints`."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import sys
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fedray.algorithms.context import ClientContext
+from fedray.losses import proximal_term
+
+__all__ = ["batch_schedule", "broadcast_proximal_term", "local_sgd", "make_optimizer", "make_torch_optimizer",
+           "param_anchors"]
+
+
+@functools.cache
+def _optimizers_without_dynamo() -> None:
+    """Let ``torch.optim.Optimizer``'s bookkeeping methods run without importing ``torch._dynamo``.
+
+    torch wraps ``add_param_group``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` in
+    ``torch._compile._disable_dynamo``, which imports ``torch._dynamo`` at the first call to turn dynamo off
+    around the method: in every fresh process that builds an optimizer, 1.3 CPU-seconds and 70 MB (a cold
+    run's round 1 paid it in each client worker). That wrapper caches the dynamo-disabled function on the
+    method as ``__dynamo_disable``; cache the method itself instead. fedray never runs ``torch.compile``, so
+    there is no dynamo frame to turn off and the call is the same. Nothing changes once ``torch._dynamo`` is
+    imported (someone may compile), or on a torch whose wrapper differs. Once per process (cached). The step:
+    :func:`_without_dynamo`."""
+    if "torch._dynamo" in sys.modules:
+        return
+    try:
+        from torch._compile import _disable_dynamo
+    except ImportError:
+        return
+    wrapper_code = _disable_dynamo(lambda: None).__code__
+    for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict"):
+        method = vars(torch.optim.Optimizer).get(name)
+        inner = getattr(method, "__wrapped__", None)
+        if getattr(method, "__code__", None) is wrapper_code and inner is not None \
+                and getattr(inner, "__dynamo_disable", None) is None:
+            setattr(inner, "__dynamo_disable", inner)
+
+
+@functools.cache
+def _without_dynamo(cls: type) -> type:
+    """``cls`` (a torch optimizer) with a ``step`` that runs the same update without importing
+    ``torch._dynamo``: torch's ``_use_grad_for_differentiable`` wrapper imports it at every step to place a
+    graph break around the update (meaningful only under ``torch.compile``) and sets the grad mode to
+    ``defaults["differentiable"]``; this step sets the grad mode the same way and calls the update itself
+    (``inspect.unwrap``). Optimizer hooks still run (Optimizer.__init__ wraps ``step`` for them)."""
+    update = inspect.unwrap(vars(cls)["step"]) if "step" in vars(cls) else None
+    if update is None or update is vars(cls)["step"]:
+        return cls  # no wrapper to skip: another torch
+
+    def step(self, closure=None):
+        with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
+            return update(self, closure)
+
+    return type(cls.__name__, (cls,), {"step": step, "__module__": __name__, "__doc__": cls.__doc__})
+
+
+def make_torch_optimizer(train, params, lr: float) -> torch.optim.Optimizer:
+    """``train.optimizer`` (sgd with momentum / weight decay, or adam) over ``params`` at ``lr``: torch's own
+    classes and updates, used without importing ``torch._dynamo`` (:func:`_optimizers_without_dynamo`,
+    :func:`_without_dynamo`)."""
+    _optimizers_without_dynamo()
+    if train.optimizer == "adam":
+        return _without_dynamo(torch.optim.Adam)(params, lr=lr, weight_decay=train.weight_decay)
+    return _without_dynamo(torch.optim.SGD)(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
+
+
+def make_optimizer(ctx: ClientContext, params) -> torch.optim.Optimizer:
+    """The client's optimizer of this round (learning rate decayed per round)."""
+    return make_torch_optimizer(ctx.train, params, ctx.lr())
+
+
+def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | None = None) -> float:
+    """The standard local training loop shared by every federated algorithm.
+
+    Epoch ``e`` visits the client's samples in the order of the e-th permutation drawn from
+    ``ctx.rng("order")`` (epoch 1 is exactly the benchmark workload's order), batches of
+    ``train.batch_size`` (last one smaller unless ``drop_last``); with ``train.local_steps = T`` exactly T
+    batches of that stream instead (:func:`batch_schedule`); ``loss_fn(model, x, y)`` per batch,
+    optional gradient-norm clipping, one optimizer step. Returns the sample-weighted mean loss.
+    """
+    from fedray.data.loader import to_float
+
+    model = ctx.model
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(ctx, params)
+    prox = broadcast_proximal_term(ctx, params)
+    t = ctx.train
+    gen = ctx.torch_generator("augment") if ctx.augment is not None else None
+    total, seen = 0.0, 0
+    images = ctx.images
+    labels = ctx.labels
+    for idx in batch_schedule(ctx):
+        xb = to_float(torch.from_numpy(images[idx]), ctx.meta, ctx.normalize)
+        yb = torch.from_numpy(labels[idx])
+        if ctx.augment is not None:
+            xb = ctx.augment(xb, gen)
+        if ctx.device.type != "cpu":
+            xb = xb.to(ctx.device, non_blocking=True)
+            yb = yb.to(ctx.device, non_blocking=True)
+        opt.zero_grad()
+        loss = loss_fn(model, xb, yb)
+        if prox is not None:
+            loss = loss + prox()
+        loss.backward()
+        if t.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, float(t.grad_clip))
+        opt.step()
+        if after_step is not None:
+            after_step()
+        b = int(yb.shape[0])
+        total += float(loss.detach()) * b
+        seen += b
+    return total / seen if seen else math.nan
+
+
+def batch_schedule(ctx: ClientContext):
+    """The row indices of every local step of :func:`local_sgd`, in order: epoch ``e`` is the e-th
+    permutation drawn from ``ctx.rng("order")``, cut into batches of ``train.batch_size`` (the last one
+    smaller unless ``drop_last``). Multi-client training uses the same schedule.
+
+    ``train.local_steps = T`` (when set) replaces the epochs by exactly T steps: the first T batches of that
+    same stream of keyed permutations (a new epoch starts whenever one is used up), so T = epochs x batches
+    per epoch gives the epoch schedule. No step when an epoch has no batch (``drop_last`` with fewer rows than
+    a batch, or no rows)."""
+    t = ctx.train
+    n = ctx.num_samples
+    bs = int(t.batch_size)
+    stop = (n // bs) * bs if t.drop_last else n
+    steps = getattr(t, "local_steps", None)
+    if stop <= 0:
+        return
+    order = ctx.rng("order")
+    if steps is None:
+        for _epoch in range(int(t.local_epochs)):
+            perm = order.permutation(n)
+            for i in range(0, stop, bs):
+                yield perm[i : i + bs]
+        return
+    left = int(steps)
+    while left > 0:
+        perm = order.permutation(n)
+        for i in range(0, stop, bs):
+            yield perm[i : i + bs]
+            left -= 1
+            if left == 0:
+                return
+
+
+def param_anchors(ctx: ClientContext, vec: np.ndarray, params=None) -> list[torch.Tensor]:
+    """Views of a flat weight vector ``vec`` (same layout as ``ctx.flat``) shaped like the trainable
+    parameters ``params`` of ``ctx.model`` (default: all with ``requires_grad``), on ``ctx.device``.
+
+    Used for proximal anchors (the broadcast weights) and per-parameter client state (FedDyn)."""
+    vec = np.asarray(vec, dtype=np.float32)
+    if vec.shape != (ctx.flat.layout.size,):
+        raise ValueError(f"weight vector has shape {vec.shape}, the model's flat layout needs ({ctx.flat.layout.size},)")
+    if not vec.flags.writeable:  # zero-copy arrays from the object store are read-only
+        vec = vec.copy()
+    t = torch.from_numpy(vec).to(ctx.device)
+    by_name = {name: (off, n) for name, _, off, n in ctx.flat.layout.slices()}
+    name_of = {id(p): name for name, p in ctx.model.named_parameters()}
+    if params is None:
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
+    out = []
+    for p in params:  # in the caller's order
+        off, n = by_name[name_of[id(p)]]
+        out.append(t[off : off + n].view_as(p))
+    return out
+
+
+def broadcast_proximal_term(ctx: ClientContext, params) -> Callable[[], torch.Tensor] | None:
+    """The client proximal term of :class:`ClientHints` (FedProx's mu, FedACG's beta), for every algorithm
+    that trains with :func:`local_sgd`: ``prox_mu/2 * sum_k ||theta_k - theta_broadcast,k||^2``
+    (:func:`fedray.losses.proximal_term`) over the trainable parameters (the anchor is
+    ``ctx.global_weights``, the weights the client received). None when ``ctx.prox_mu`` is 0."""
+    mu = float(ctx.prox_mu or 0.0)
+    if mu == 0.0:
+        return None
+    if not math.isfinite(mu) or mu < 0:
+        raise ValueError(f"prox_mu must be a finite number >= 0, got {ctx.prox_mu!r}")
+    params = list(params)
+    anchors = param_anchors(ctx, ctx.global_weights, params)
+    return lambda: proximal_term(params, anchors, mu)
