@@ -111,7 +111,7 @@ class TrainConfig:
     clients_per_round: int = 10
     local_epochs: int = 1
     # T optimizer steps per round instead of epochs (None: local_epochs); the batches continue the client's
-    # keyed epoch permutations (fedray.algorithms.base.batch_schedule)
+    # keyed epoch permutations (fedray.algorithms.training.batch_schedule)
     local_steps: int | None = None
     batch_size: int = 10
     optimizer: str = "sgd"  # sgd | adam
@@ -612,4 +612,6 @@ def dump_config(cfg: ExperimentConfig) -> str:
     for k in ("plugins", "plugin_code", "plugin_roots"):  # a config without plugins reads as it always did
         if not d[k]:
             del d[k]
+    if not d["eval"]["metrics"]:  # nor one without extra metrics
+        del d["eval"]["metrics"]
     return yaml.safe_dump(d, sort_keys=False)

@@ -134,3 +134,79 @@ def test_no_engine_function_over_80_lines():
                 if n > 85:
                     long[f"{p.relative_to(ROOT)}:{node.lineno} {node.name}"] = n
     assert long == {}
+
+
+#: the modules a Ray run's driver imports to start: `fedray run`, `jobs.train` (`ray job submit`), the runner
+#: and the early start of the actors. Their module-level imports, followed through fedray, jobs and tuning, must
+#: never reach torch: torch-side code (registries, models, the engine's client runtimes) is imported inside
+#: functions that run in the actors or in-process (tests/test_cli_imports.py checks a real run's driver too).
+DRIVER_ENTRIES = ("fedray.cli", "jobs.train", "fedray.engine.runner", "fedray.engine.launch", "fedray.plugins",
+                  "fedray.config", "fedray.core.plugin_loader")
+HEAVY_AT_DRIVER_START = ("torch",)
+
+
+def _module_level_imports(path: Path, mod: str) -> set[str]:
+    """Every dotted name imported at module level (``if`` / ``try`` blocks included, function and class bodies
+    not) by the file ``path`` of module ``mod``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        pkg = pkg.rpartition(".")[0]
+                    base = f"{pkg}.{base}" if base else pkg
+                out.add(base)
+                out.update(f"{base}.{a.name}" for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+                visit(getattr(node, "finalbody", []))
+
+    visit(tree.body)
+    return out
+
+
+def _driver_closure() -> dict[str, list[str]]:
+    """Module -> the chain of module-level imports that reaches it from :data:`DRIVER_ENTRIES`."""
+    files = {}
+    for pkg in ("fedray", "jobs", "tuning"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    chains = {m: [m] for m in DRIVER_ENTRIES}
+    todo = list(DRIVER_ENTRIES)
+    while todo:
+        mod = todo.pop()
+        parents = [".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 1)]  # packages run first
+        for name in [*parents, *_module_level_imports(files[mod], mod)] if mod in files else []:
+            target = next((name[:i] for i in sorted({len(name), *[k for k, c in enumerate(name) if c == "."]},
+                                                     reverse=True) if name[:i] in files), None)
+            key = target or name.split(".")[0]
+            if key not in chains:
+                chains[key] = [*chains[mod], key]
+                if target:
+                    todo.append(target)
+    return chains
+
+
+def test_a_ray_driver_s_modules_import_no_torch_at_module_level():
+    chains = _driver_closure()
+    assert {"fedray.config", "fedray.engine.launch", "fedray.core.ray_env"} <= set(chains)  # the walk reaches them
+    bad = {m: " -> ".join(c) for m, c in chains.items() if m in HEAVY_AT_DRIVER_START}
+    assert bad == {}
+
+
+def test_the_driver_boundary_check_finds_a_planted_torch_import(tmp_path, monkeypatch):
+    real = _module_level_imports
+    monkeypatch.setitem(globals(), "_module_level_imports",
+                        lambda path, mod: real(path, mod) | ({"torch"} if mod == "fedray.core.io" else set()))
+    assert "torch" in _driver_closure()

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-__all__ = ["ALL", "Registry", "RegistryError", "caller_module", "is_builtin"]
+__all__ = ["ALL", "Registry", "RegistryError", "caller_module", "first_line", "is_builtin", "param_table"]
 
 T = TypeVar("T")
 
@@ -42,6 +42,20 @@ def caller_module(depth: int = 2) -> str:
             return name
         frame = frame.f_back
     return "?"
+
+
+def first_line(description: str, fn: Any) -> str:
+    """An entry's one-line description: ``description``, else the first line of ``fn``'s docstring."""
+    return description or (getattr(fn, "__doc__", None) or "").strip().split("\n")[0]
+
+
+def param_table(params: Any, where: str) -> dict:
+    """A register function's ``params``: None or a mapping of names to :class:`~fedray.core.params.ParamSpec`."""
+    from fedray.core.params import ParamSpec
+
+    if params is not None and not (isinstance(params, dict) and all(isinstance(v, ParamSpec) for v in params.values())):
+        raise RegistryError(f"{where}: params must map parameter names to fedray.ParamSpec, got {params!r}")
+    return dict(params or {})
 
 
 def _owner_text(module: str) -> str:

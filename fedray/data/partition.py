@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from fedray.core.params import ParamSpec, check_params, check_value
-from fedray.core.registry import Registry, RegistryError, caller_module
+from fedray.core.registry import Registry, RegistryError, caller_module, first_line, param_table
 
 from .table import DataError
 
@@ -399,8 +399,7 @@ def register_partitioner(name: str, fn: Callable | None = None, *, description: 
     """Register ``fn(labels, num_clients, rng_seed, domains, natural, **params) -> list of row-index arrays`` (one
     per client) under ``name`` (``data.partition.name``); also a decorator. It runs in the driver (keep its module
     free of torch). A name another module registered is refused, naming both modules (:class:`PartitionerSpec`)."""
-    if params is not None and not (isinstance(params, dict) and all(isinstance(v, ParamSpec) for v in params.values())):
-        raise RegistryError(f"register_partitioner: params of {name!r} must map names to fedray.ParamSpec")
+    table = param_table(params, f"register_partitioner({name!r})")
     if needs not in (None, "domains", "natural"):
         raise RegistryError(f"register_partitioner: needs must be None, 'domains' or 'natural', got {needs!r}")
     owner = module or caller_module()
@@ -408,8 +407,7 @@ def register_partitioner(name: str, fn: Callable | None = None, *, description: 
     def add(f):
         if not callable(f):
             raise RegistryError(f"register_partitioner: the function of {name!r} must be callable, got {f!r}")
-        doc = description or (f.__doc__ or "").strip().split("\n")[0]
-        PARTITIONERS.add(name, PartitionerSpec(name, f, doc, dict(params or {}), allows_empty, needs), owner)
+        PARTITIONERS.add(name, PartitionerSpec(name, f, first_line(description, f), table, allows_empty, needs), owner)
         return f
 
     return add if fn is None else add(fn)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedray.core.registry import Registry, RegistryError, caller_module, is_builtin
+from fedray.core.registry import Registry, RegistryError, caller_module, first_line, is_builtin
 from fedray.metrics.builtin import BUILTIN
 
 __all__ = ["METRICS", "MetricError", "MetricSpec", "RESERVED", "check_partial", "check_reduced", "reduce_metric",
@@ -87,8 +87,7 @@ def register_metric(name: str, partial: Callable[..., Mapping], reduce: Callable
     for what, fn in (("partial", partial), ("reduce", reduce)):
         if not callable(fn):
             raise RegistryError(f"register_metric: the {what} of metric {name!r} must be callable, got {fn!r}")
-    text = description or (partial.__doc__ or "").strip().split("\n")[0]
-    return METRICS.add(name, MetricSpec(name, partial, reduce, text), owner)
+    return METRICS.add(name, MetricSpec(name, partial, reduce, first_line(description, partial)), owner)
 
 
 def _who(name: str) -> str:

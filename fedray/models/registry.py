@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fedray.core.registry import Registry, RegistryError, caller_module
+from fedray.core.registry import Registry, RegistryError, caller_module, first_line
 from fedray.models.base import FedModel
 from fedray.models.zoo import (
     CNN4,
@@ -134,8 +134,7 @@ def register_model(name, builder=None, *, description: str = "", options: dict |
     def add(fn):
         if not callable(fn):
             raise RegistryError(f"register_model: the builder of {name!r} must be callable, got {fn!r}")
-        MODELS.add(name, ModelSpec(name, description or (fn.__doc__ or "").strip().split("\n")[0], fn,
-                                   dict(options or {}), inputs), owner)
+        MODELS.add(name, ModelSpec(name, first_line(description, fn), fn, dict(options or {}), inputs), owner)
         return fn
 
     return add if builder is None else add(builder)

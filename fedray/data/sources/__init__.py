@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.core.params import ParamSpec, check_params
-from fedray.core.registry import Registry, RegistryError, caller_module
+from fedray.core.registry import Registry, RegistryError, caller_module, first_line, param_table
 
 from ..table import DataBundle, DataError
 from .common import SPLIT_SEED, TEST_FRACTION  # noqa: F401  (public constants, re-exported)
@@ -120,15 +120,13 @@ def register_source(name: str, loader: Callable[..., DataBundle] | None = None, 
     ``needs_root``, else None) and every parameter of ``params`` (name -> :class:`ParamSpec`) validated with its
     default filled in. It runs in the driver, which imports no torch on Ray: keep a data plugin's module free
     of torch (docs/extending.md). A name another module registered is refused, naming both modules."""
-    if params is not None and not (isinstance(params, dict) and all(isinstance(v, ParamSpec) for v in params.values())):
-        raise RegistryError(f"register_source: params of {name!r} must map names to fedray.ParamSpec, got {params!r}")
+    table = param_table(params, f"register_source({name!r})")
     owner = module or caller_module()
 
     def add(fn):
         if not callable(fn):
             raise RegistryError(f"register_source: the loader of {name!r} must be callable, got {fn!r}")
-        SOURCES.add(name, SourceSpec(name, fn, description or (fn.__doc__ or "").strip().split("\n")[0],
-                                     dict(params or {}), needs_root, layout), owner)
+        SOURCES.add(name, SourceSpec(name, fn, first_line(description, fn), table, needs_root, layout), owner)
         return fn
 
     return add if loader is None else add(loader)
