@@ -3,10 +3,12 @@
 The public extension API (docs/extending.md), imported on first use so that ``import fedray`` stays light:
 
 - ``fedray.register_algorithm`` (class decorator), ``register_model``, ``register_source``,
-  ``register_partitioner``, ``register_server_optimizer``: add a name a config can choose; a name that exists
-  (built-in or another plugin's) is refused, naming both modules;
+  ``register_partitioner``, ``register_server_optimizer``, ``register_metric``: add a name a config can choose;
+  a name that exists (built-in or another plugin's) is refused, naming both modules;
 - ``fedray.Algorithm``, ``fedray.ServerOptimizer``, ``fedray.FedModel``, ``fedray.ParamSpec``: what they subclass
-  or declare.
+  or declare;
+- ``fedray.run``, ``load_run``, ``sweep``, ``tune``, ``fedray.data.from_arrays`` / ``from_hf``: the Python API
+  for notebooks (docs/python-api.md).
 """
 
 from __future__ import annotations
