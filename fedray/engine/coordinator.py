@@ -140,11 +140,11 @@ class Coordinator:
         try:
             res = self.program.run_round(rnd, self.weights, self.algo_state)
             _check_finite(rnd, res)
-            _check_metric_names(self.cfg, res.report)
             self.weights, self.algo_state, self.round = res.weights, res.algo_state, rnd
             t0 = time.perf_counter()
             evaluation = self._evaluate_round(rnd)  # on the workers: it can fail like the round's tasks
             t_eval = time.perf_counter() - t0
+            _check_names(rnd, res.report, evaluation)
         except BaseException:
             self.server_opt.load_state_dict(opt_state)
             self.weights, self.algo_state, self.round, self.ema = before
@@ -196,13 +196,13 @@ class Coordinator:
                                  batch_size=int(cfg.eval.batch_size), device=rp.device, seed=int(cfg.seed))
 
 
-def _check_metric_names(cfg, report: dict) -> None:
-    """A metric of ``eval.metrics`` cannot take a key the round's report holds already (an algorithm's
-    ``round_metrics``): its values would replace the algorithm's."""
-    clash = [name for name in cfg.eval.metrics if name in report]
+def _check_names(rnd: int, report: dict, evaluation: dict) -> None:
+    """The evaluation's numbers (accuracy, the metrics of ``eval.metrics``, ...) cannot take a key the round's
+    report holds already (an algorithm's ``round_metrics``): one would silently replace the other."""
+    clash = sorted(set(evaluation) & set(report))
     if clash:
-        raise RunAborted(f"eval.metrics: metric {clash[0]!r} has the name of a key of the round's report (algorithm "
-                         f"{cfg.algorithm.name!r} reports it in round_metrics); register the metric under another name")
+        raise RunAborted(f"round {rnd}: the evaluation's {clash[0]!r} has the name of a key of the round's report (the "
+                         f"algorithm's round_metrics); register the metric (eval.metrics) under another name")
 
 
 def _check_finite(rnd: int, res) -> None:

@@ -130,6 +130,25 @@ def test_the_round_state_change_is_atomic():
     assert np.array_equal(opt.state_dict()["m"], before["m"])
 
 
+def test_an_evaluation_number_never_replaces_a_key_of_the_round_report():
+    """A metric of eval.metrics named like a key of the algorithm's round_metrics stops the run at that round,
+    with the previous round's state kept, instead of one number silently replacing the other."""
+    opt = build_server_optimizer("none", 1.0, {})
+    w0 = np.ones(4, np.float32)
+
+    class Program:
+        def run_round(self, rnd, weights, state):
+            return RoundResult(weights=weights * 2, algo_state={"b": 2}, report={"loss": 0.1, "margin": 3.0})
+
+    c = Coordinator.__new__(Coordinator)
+    c.server_opt, c.program, c.weights, c.algo_state, c.round, c.ema = opt, Program(), w0, {"a": 1}, 1, 0.5
+    c._evaluate_round = lambda rnd: {"accuracy": 0.5, "margin": 0.2}
+    with pytest.raises(RunAborted, match=r"round 2: the evaluation's 'margin' has the name of a key of the round's "
+                                         r"report"):
+        c.run_round(2)
+    assert c.round == 1 and c.weights is w0 and c.algo_state == {"a": 1}
+
+
 def test_fedray_run_exits_non_zero_with_the_reason(tmp_path, partition_cache, capsys):
     import yaml
 
