@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import fedray.data as data  # noqa: F401  (fedray.data.from_arrays / from_hf; a light package)
+from fedray.config_paths import get_path
 
 __all__ = ["RunResult", "SweepResult", "Table", "TuneResult", "check_code_reaches", "load_run", "run", "sweep",
            "tune"]
@@ -209,9 +210,7 @@ def _owners(cfg, kinds) -> list[tuple[str, str, str, str, Any]]:
     out = []
     for kind, path in kinds:
         reg = ALL.get(kind)
-        node = cfg
-        for part in path.split("."):
-            node = getattr(node, part, None)
+        node = get_path(cfg, path)
         for i, name in enumerate(node if isinstance(node, list) else [node]):
             if reg is not None and isinstance(name, str) and name in reg:
                 where = f"{path}[{i}]" if isinstance(node, list) else path

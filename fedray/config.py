@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI
@@ -28,38 +27,10 @@ from typing import Any
 
 import yaml
 
+from fedray.config_paths import set_path, split_path
 from fedray.core.errors import ConfigError  # defined in the floor package; importable from here as ever
 from fedray.core.params import ParamSpec, check_value
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML loader that also reads ``1e-3`` as a float (plain PyYAML follows YAML 1.1 and returns the
-    string '1e-3' unless there is a dot), since hyper-parameters are usually written that way, and that
-    refuses a key written twice in one mapping (plain YAML keeps the last one silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)
-                 |[-+]?(?:[0-9][0-9_]*)\.[0-9_]*
-                 |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-                 |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."),
-)
-
-
-def yaml_load(text: str):
-    return yaml.load(text, Loader=_Loader)
+from fedray.core.yaml_io import yaml_load
 
 
 @dataclass
@@ -340,6 +311,7 @@ def _build(cls, data: Any, prefix: str = ""):
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b=c"`` -> (``["a", "b"]``, the value ``c`` parsed as YAML)."""
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected the form a.b=c")
     key, raw = text.split("=", 1)
@@ -350,22 +322,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml_load(raw) if raw.strip() != "" else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"{key}: cannot parse override value {raw!r}: {e}") from None
-    return key.split("."), value
+    return split_path(key, f"override {text!r}"), value
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """A copy of the config mapping ``data`` with the ``a.b=c`` overrides set (:func:`fedray.config_paths.set_path`)."""
     data = copy.deepcopy(data)
     for ov in overrides or []:
         path, value = parse_override(ov)
-        node = data
-        for i, part in enumerate(path[:-1]):
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"{'.'.join(path[: i + 1])}: is {nxt!r}, cannot set {'.'.join(path)}")
-            node = nxt
-        node[path[-1]] = value
+        set_path(data, ".".join(path), value, where=".".join(path))
     return data
 
 

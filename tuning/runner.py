@@ -65,7 +65,7 @@ from pathlib import Path
 
 from fedray.config import ConfigError, ExperimentConfig, from_dict
 from fedray.core.io import LockHeld, exclusive_lock
-from fedray.reporting.seeds import dotted_get
+from fedray.config_paths import get_path as dotted_get
 from tuning.study import DERIVED_METRICS, StudySpec
 
 DEFAULT_OUTPUT_DIR = "runs/studies"

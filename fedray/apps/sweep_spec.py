@@ -26,15 +26,14 @@ and tables whose cells would mix two experiments. Nothing is written.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedray.config import (ConfigError, ExperimentConfig, anchor_to_file, apply_overrides, config_hash, from_dict,
                            hashed_fields, parse_override, read_config_file)
+from fedray.config_paths import check_path, set_path
 from fedray.engine.runner import default_run_name
 from fedray.plugins import check_registries
 from fedray.reporting.seeds import check_metric, field_label
@@ -86,39 +85,6 @@ def _short(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# ------------------------------------------------------------------------------------------- fields
-def check_field(path: str, where: str) -> None:
-    """``path`` must name a field of the experiment config, or a key under one of its ``params`` mappings."""
-    cls: Any = ExperimentConfig
-    parts = path.split(".")
-    if not path or any(not p for p in parts):
-        raise ConfigError(f"{where}: {path!r} is not a dotted config field (e.g. data.partition.params.alpha)")
-    for i, part in enumerate(parts):
-        if cls is dict:  # under a params mapping: any key (the plugin checks it with the point's value)
-            return
-        if not dataclasses.is_dataclass(cls):
-            raise ConfigError(f"{where}: {'.'.join(parts[:i])} is a plain value, it has no field {part!r}")
-        hints = typing.get_type_hints(cls)
-        names = [f.name for f in dataclasses.fields(cls) if f.name != "source_path"]
-        if part not in names:
-            owner = ".".join(parts[:i]) or "the config"
-            raise ConfigError(f"{where}: unknown config field ({owner} has no field {part!r}; "
-                              f"known: {', '.join(names)})")
-        hint = hints[part]
-        cls = dict if typing.get_origin(hint) is dict else hint
-
-
-def set_field(data: dict, path: str, value: Any) -> None:
-    node = data
-    parts = path.split(".")
-    for p in parts[:-1]:
-        nxt = node.get(p)
-        if not isinstance(nxt, dict):
-            nxt = node[p] = {}
-        node = nxt
-    node[parts[-1]] = copy.deepcopy(value)
-
-
 # ------------------------------------------------------------------------------------------- parsing
 def _values(where: str, value: Any) -> list:
     if not isinstance(value, list):
@@ -134,7 +100,7 @@ def _dimensions(data: dict) -> list[list[dict]]:
     seen: dict[str, str] = {}
 
     def claim(path: str, where: str) -> None:
-        check_field(path, where)
+        check_path(path, where, ExperimentConfig)
         for other, w in seen.items():
             if other == path or other.startswith(path + ".") or path.startswith(other + "."):
                 raise ConfigError(f"{where}: {path} overlaps {w} ({other}); vary a field in one place only")
@@ -255,7 +221,7 @@ def _tables(data: dict, fields: list[str]) -> list[TableSpec]:
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise ConfigError(f"{tw}.{k}: expected a field or a list of fields, got {v!r}")
             for f in v:
-                check_field(f, f"{tw}.{k}")
+                check_path(f, f"{tw}.{k}", ExperimentConfig)
                 if f == "seed":
                     raise ConfigError(f"{tw}.{k}: seed cannot label a row or column (cells are mean ± std over seeds)")
             axes[k] = v
@@ -352,7 +318,7 @@ def load_sweep(path: str | Path | None = None, *, data: dict | None = None, over
         i = len(points)
         cfg = copy.deepcopy(base)
         for k, v in values.items():
-            set_field(cfg, k, v)
+            set_path(cfg, k, v)
         cfg.setdefault("output", {})["root"] = str(out / "runs")
         cfg["output"]["progress"] = False
         if not (cfg.get("data") or {}).get("cache_dir"):

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from fedray.config_paths import get_path, is_path
 from fedray.reporting.rundir import RunDir
 
 #: Metrics a cell can show; accuracies are fractions in the files, percentages in the tables.
@@ -95,16 +96,6 @@ def rounds_to_target(rows: list[dict], target: float) -> float:
                 math.nan)
 
 
-def dotted_get(row: dict, key: str):
-    """``row["a"]["b"]`` for ``key`` ``a.b`` (a metrics row, a round report); None when a part is missing."""
-    v = row
-    for part in key.split("."):
-        if not isinstance(v, dict) or part not in v:
-            return None
-        v = v[part]
-    return v
-
-
 def _number(v):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -112,7 +103,7 @@ def _number(v):
 def reduce_rounds(rows: list[dict], key: str, how: str) -> float:
     """``how`` (one of :data:`REDUCTIONS`) of the dotted per-round ``key`` over the rounds that have it; NaN
     when none does."""
-    vals = [float(v) for r in rows if (v := _number(dotted_get(r, key))) is not None]
+    vals = [float(v) for r in rows if (v := _number(get_path(r, key))) is not None]
     if not vals:
         return math.nan
     if how == "last5":
@@ -139,7 +130,7 @@ def check_metric(metric: str, target: float | None = None) -> None:
     if is_eval_metric(metric):
         return
     how, _, key = metric.partition(":")
-    if how not in REDUCTIONS or not key or any(not p for p in key.split(".")):
+    if how not in REDUCTIONS or not is_path(key):
         raise ValueError(f"{metric!r}: expected one of {', '.join(METRICS + SUMMARY_METRICS)}, a metric of "
                          f"eval.metrics (NAME, or NAME.KEY of one with several values), or REDUCTION:KEY "
                          f"with REDUCTION one of {', '.join(REDUCTIONS)} and KEY a per-round metric "
