@@ -39,7 +39,7 @@ def _dry_run(args) -> int:
     from pathlib import Path
 
     from fedray.config import dump_config, load_config
-    from fedray.engine.runner import default_run_name
+    from fedray.engine.claim import default_run_name
     from fedray.plugins import check_registries  # the names checks `fedray run` and `fedray tune` make first
 
     if args.resume or not args.config:
@@ -202,7 +202,7 @@ def _cmd_show(args) -> int:
 def _cmd_partition(args) -> int:
     from fedray.config import load_config
     from fedray.data.stats import format_summary, partition_summary, plot_label_distribution
-    from fedray.engine.runner import prepare_data
+    from fedray.engine.setup import prepare_data
 
     from fedray.plugins import check_driver
 

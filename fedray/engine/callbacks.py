@@ -105,7 +105,7 @@ class Checkpointer(Callback):
     on_restart = on_run_start  # the loop goes back to the checkpoint of round start_round - 1
 
     def save(self, loop, rnd: int) -> None:
-        self.rd.save_checkpoint(loop.engine.call("state_dict"), keep=self.keep)
+        self.rd.save_checkpoint(loop.engine.state_dict(), keep=self.keep)
         self.last = rnd
         ClientStateStore(self.state_path).prune(keep_from_round=rnd + 1)
 
@@ -118,7 +118,7 @@ class Checkpointer(Callback):
         done = loop.result.rounds[-1]["round"] if loop.result.rounds else 0
         if (interrupted or loop.result.failed) and done > self.last:
             try:
-                self.rd.save_checkpoint(loop.engine.call("state_dict"), keep=self.keep)
+                self.rd.save_checkpoint(loop.engine.state_dict(), keep=self.keep)
             except Exception as e:  # noqa: BLE001
                 self.log(f"[fedray] could not write the final checkpoint: {e}")
 

@@ -29,19 +29,18 @@ from fedray.engine.outcomes import InStore
 from fedray.engine.pool import LocalPool, RayPool
 from fedray.engine.programs import program_for
 from fedray.engine.replica import Replica, coordinator_device
-from fedray.engine.spec import worker_spec
+from fedray.engine.spec import CoordinatorSpec
 from fedray.metrics import ema_update
 from fedray.metrics.analysis import feature_analysis
 from fedray.metrics.robustness import robustness_due, robustness_report
 
-__all__ = ["Coordinator", "worker_spec"]
+__all__ = ["Coordinator"]
 
 
 class Coordinator:
-    def __init__(self, cfg_dict: dict, partition_path: str, run_dir: str, test_data: dict,
-                 num_workers: int, worker_cpus: float, worker_gpus: float, state_path: str | None,
-                 workers: list | None = None):
-        rp = Replica(cfg_dict, partition_path, coordinator_device(cfg_dict["engine"]["device"]), seed_model=True)
+    def __init__(self, spec: CoordinatorSpec):
+        cfg_dict, run_dir, test_data = spec.config, spec.run_dir, spec.test
+        rp = Replica(cfg_dict, spec.partition_path, coordinator_device(cfg_dict["engine"]["device"]), seed_model=True)
         self.replica = rp
         self.cfg = cfg = rp.cfg
         self.algorithm = rp.algorithm
@@ -56,11 +55,11 @@ class Coordinator:
         self.test = test_data
         self.ema: float | None = None
         self.round = 0
-        spec = worker_spec(cfg_dict, partition_path, state_path, run_dir, worker_gpus)
         if cfg.engine.backend == "ray":
-            self.pool = RayPool(spec, num_workers, worker_cpus, worker_gpus, actors=workers)
+            self.pool = RayPool(spec.worker_spec(), spec.num_workers, spec.worker_cpus, spec.worker_gpus,
+                                actors=spec.workers)
         else:
-            self.pool = LocalPool(spec, num_workers)
+            self.pool = LocalPool(spec.worker_spec(), spec.num_workers)
         self.program = program_for(self.algorithm)(
             cfg=cfg, algorithm=self.algorithm, server_opt=self.server_opt, pool=self.pool, sizes=rp.sizes,
             num_params=int(rp.flat.layout.size), model=rp.model, meta=rp.meta,

@@ -33,8 +33,10 @@ def _no_sigterm_warning(record) -> bool:
 
 
 class CoordinatorHost:
-    """The coordinator actor's process, started before the run's arguments exist; :meth:`setup` builds the
-    :class:`~fedray.engine.coordinator.Coordinator` in it and :meth:`call` calls its methods."""
+    """The coordinator actor's process, started before the run's arguments exist (its class imports no torch,
+    so the driver can start it): :meth:`setup` builds the :class:`~fedray.engine.coordinator.Coordinator` from
+    a :class:`~fedray.engine.spec.CoordinatorSpec`; the other methods are the coordinator's, which the driver
+    calls through :class:`fedray.engine.handle.RayCoordinator`."""
 
     def __init__(self):
         import fedray.engine.coordinator  # noqa: F401  (torch and the engine import now, not at setup)
@@ -48,14 +50,41 @@ class CoordinatorHost:
         check_run(cfg, meta)
         return True
 
-    def setup(self, *args) -> bool:
+    def setup(self, spec) -> bool:
         from fedray.engine.coordinator import Coordinator
 
-        self.coord = Coordinator(*args)
+        self.coord = Coordinator(spec)
         return True
 
-    def call(self, method: str, *args):
-        return getattr(self.coord, method)(*args)
+    def ready(self) -> dict:
+        return self.coord.ready()
+
+    def run_round(self, rnd: int) -> dict:
+        return self.coord.run_round(rnd)
+
+    def state_dict(self) -> dict:
+        return self.coord.state_dict()
+
+    def load_state_dict(self, st: dict) -> None:
+        self.coord.load_state_dict(st)
+
+    def get_weights(self):
+        return self.coord.get_weights()
+
+    def weights_hash(self) -> str:
+        return self.coord.weights_hash()
+
+    def workers(self) -> list[dict]:
+        return self.coord.workers()
+
+    def node_id(self) -> str | None:
+        return self.coord.node_id()
+
+    def pid(self) -> int:
+        return self.coord.pid()
+
+    def shutdown(self) -> None:
+        self.coord.shutdown()
 
 
 def coordinator_options(cfg, ray) -> dict:

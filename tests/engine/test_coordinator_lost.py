@@ -1,4 +1,4 @@
-"""fedray.engine.runner: which Ray errors mean "the coordinator (or an actor it was starting with) is lost"
+"""fedray.engine.handle and rounds: which Ray errors mean "the coordinator (or an actor it was starting with) is lost"
 and the restart loop's bound, on fake Ray handles (whole runs losing nodes are in tests/integration/)."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import pytest
 from ray import exceptions as rex
 
 from fedray.engine.dispatch import RunAborted
-from fedray.engine.runner import CoordinatorLost, Engine, RoundLoop, RunResult
+from fedray.engine.handle import CoordinatorLost, RayCoordinator
+from fedray.engine.rounds import RoundLoop
+from fedray.engine.setup import RunResult
 
 
 class _FakeRay:
@@ -24,12 +26,12 @@ class _FakeRay:
         return ref
 
 
-def _engine(coord_setup, *worker_setups) -> Engine:
-    e = Engine.__new__(Engine)
+def _engine(coord_setup, *worker_setups) -> RayCoordinator:
+    e = RayCoordinator.__new__(RayCoordinator)
     e.ray = _FakeRay()
     e._setups = [coord_setup, *worker_setups]
     e.in_flight = {}
-    e.call = lambda method, *a: {"workers": len(worker_setups)}
+    e.coord = SimpleNamespace(ready=SimpleNamespace(remote=lambda: {"workers": len(worker_setups)}))
     return e
 
 

@@ -11,11 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from fedray.engine.callbacks import Callback
-from fedray.engine.runner import RoundLoop, RunResult
+from fedray.engine.rounds import RoundLoop
+from fedray.engine.setup import RunResult
 
 
 def test_a_signal_in_the_block_is_delivered_after_it():
-    from fedray.engine.runner import _signals_deferred
+    from fedray.engine.rounds import _signals_deferred
 
     done = []
     with pytest.raises(KeyboardInterrupt):

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from fedray.config import from_dict
-from fedray.engine import runner
+from fedray.engine import launch
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.runner import run_experiment
 from fedray.reporting.rundir import RunDir
@@ -60,12 +60,12 @@ def test_coordinator_sigkilled_between_rounds_restarts(tmp_path, partition_cache
 
     def on_round(report):
         if report["round"] == 2 and not killed:
-            pid = engines[0].call("pid")
+            pid = engines[0].pid()
             assert pid != os.getpid()
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
         elif report["round"] == 5:
-            last.append(engines[0].call("pid"))
+            last.append(engines[0].pid())
 
     res = _run(small_config(tmp_path, partition_cache, **BASE, output__checkpoint_every=1), on_round=on_round)
     assert killed and res.weights_hash == clean_hash
@@ -91,7 +91,7 @@ def test_more_coordinator_deaths_than_allowed_fail_the_run(tmp_path, partition_c
 def test_coordinator_runs_on_the_drivers_node(tmp_path, partition_cache, ray_session, engines):
     seen = []
     _run(small_config(tmp_path, partition_cache, **{**BASE, "train__rounds": 1}),
-         on_round=lambda report: seen.append(engines[0].call("node_id")))
+         on_round=lambda report: seen.append(engines[0].node_id()))
     assert seen == [ray_session.get_runtime_context().get_node_id()]
 
 
@@ -100,8 +100,8 @@ def test_coordinator_placement_options(tmp_path, partition_cache, ray_session):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     cfg = from_dict(small_config(tmp_path, partition_cache, **BASE))
-    strategy = runner.coordinator_options(cfg, ray_session)["scheduling_strategy"]
+    strategy = launch.coordinator_options(cfg, ray_session)["scheduling_strategy"]
     assert isinstance(strategy, NodeAffinitySchedulingStrategy) and strategy.soft is False
     assert strategy.node_id == ray_session.get_runtime_context().get_node_id()
     cfg = from_dict(small_config(tmp_path, partition_cache, **BASE, engine__coordinator_placement="any"))
-    assert "scheduling_strategy" not in runner.coordinator_options(cfg, ray_session)
+    assert "scheduling_strategy" not in launch.coordinator_options(cfg, ray_session)

@@ -60,7 +60,7 @@ def _wait_live(engine, n: int, timeout: float = 120.0) -> list[dict]:
     """Between rounds: until ``n`` workers are live (a replacement starting on a node with room)."""
     deadline = time.monotonic() + timeout
     while True:
-        workers = engine.call("workers")
+        workers = engine.workers()
         if len(_live(workers)) >= n or time.monotonic() > deadline:
             return workers
         time.sleep(0.2)
@@ -111,7 +111,7 @@ def test_workers_spread_over_the_nodes_coordinator_on_the_head_and_bits_match(mu
 
     def on_round(report):
         if report["round"] == 1:
-            seen.update(coordinator=engines[0].call("node_id"), workers=engines[0].call("workers"),
+            seen.update(coordinator=engines[0].node_id(), workers=engines[0].workers(),
                         driver=ray.get_runtime_context().get_node_id(), gcs=ray.get_runtime_context().gcs_address)
 
     res = _run(multinode, _cfg(tmp_path, partition_cache, engine__num_workers=3), on_round=on_round)
@@ -166,7 +166,7 @@ def test_node_lost_without_spare_capacity_shrinks_the_pool_then_grows_back(multi
 
     def on_round(report):
         if report["round"] == 2:
-            seen["shrunk"] = engines[0].call("workers")
+            seen["shrunk"] = engines[0].workers()
             seen["new_node"] = multinode.add()  # capacity returns
             seen["grown"] = _wait_live(engines[0], 3)
 
@@ -199,8 +199,8 @@ def test_coordinator_node_lost_restarts_from_the_checkpoint(multinode, tmp_path,
     killed = WhenHung(tmp_path / "runs", 2, cid, kill_coordinator)
 
     def on_round(report):
-        seen.setdefault("coordinator", engines[0].call("node_id"))
-        seen["last"] = engines[0].call("node_id")
+        seen.setdefault("coordinator", engines[0].node_id())
+        seen["last"] = engines[0].node_id()
 
     cfg = _cfg(tmp_path, partition_cache, engine__coordinator_placement="any", engine__coordinator_num_cpus=0.5,
                engine__worker_num_cpus=0.5, **_hang(2, cid))

@@ -129,7 +129,9 @@ def test_checkpointed_state_resumes_scala_exactly(tmp_path, partition_cache):
     """Server model + server momentum live in the coordinator state: a fresh coordinator loaded from it
     continues bit-identically."""
     from fedray.engine.coordinator import Coordinator
-    from fedray.engine.runner import _test_payload, prepare_data
+    from fedray.engine.handle import test_payload
+    from fedray.engine.setup import prepare_data
+    from fedray.engine.spec import CoordinatorSpec
 
     cfg = from_dict(_cfg(tmp_path, partition_cache, "scala", train__momentum=0.9, train__rounds=3))
     bundle, store = prepare_data(cfg)
@@ -138,8 +140,8 @@ def test_checkpointed_state_resumes_scala_exactly(tmp_path, partition_cache):
 
     def coord(sub):
         (tmp_path / sub).mkdir()
-        return Coordinator(d, str(store.path), str(tmp_path / sub), _test_payload(bundle), 1, 1.0, 0.0,
-                           str(tmp_path / sub / "state"))
+        return Coordinator(CoordinatorSpec(d, str(store.path), str(tmp_path / sub), test_payload(bundle), 1, 1.0, 0.0,
+                                           str(tmp_path / sub / "state")))
 
     a = coord("a")
     for r in (1, 2, 3):

@@ -1,0 +1,186 @@
+"""The driver's set-up and finish of a run: checks before any work, the data and the run directory
+(:func:`setup_run`), and the final weights, summary and status (:func:`finish_run`, :func:`fail_run`)."""
+
+from __future__ import annotations
+
+import io
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedray.config import ConfigError, ExperimentConfig, config_hash, dump_config, load_config
+from fedray.core.io import atomic_write_bytes, atomic_write_text
+from fedray.data.sources import load_source
+from fedray.data.store import build_partition
+from fedray.engine.callbacks import Trackers
+from fedray.engine.claim import check_run_dir, default_run_name
+from fedray.engine.launch import EarlyStart
+from fedray.plugins import check_data_fit, check_driver, check_output_root, check_registries
+from fedray.reporting.rundir import RunDir
+from fedray.reporting.trackers import open_trackers
+
+__all__ = ["Run", "RunResult", "fail_run", "finish_run", "prepare_data", "run_status", "setup_run"]
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    rounds: list[dict] = field(default_factory=list)
+    weights_hash: str = ""
+    final: dict = field(default_factory=dict)
+    startup_seconds: float = 0.0
+    startup_phases: dict = field(default_factory=dict)  # seconds from the start: data ready, Ray up, actors ready
+    rounds_seconds: float = 0.0
+    interrupted: bool = False
+    stopped_early: bool = False
+    failed: str | None = None  # why the run stopped without a trustworthy result
+    coordinator_restarts: int = 0  # coordinator actors that died and were replaced from the last checkpoint
+
+    @property
+    def accuracy(self) -> float:
+        for r in reversed(self.rounds):
+            if r.get("accuracy") is not None:
+                return float(r["accuracy"])
+        return math.nan
+
+
+def prepare_data(cfg: ExperimentConfig, log=None):
+    """Load the source and build (or reuse, after checking every shard) the partition; returns (bundle,
+    store). A damaged cached partition is rebuilt, with one line to ``log``."""
+    bundle = load_source(cfg.data.source, cfg.data.root, **cfg.data.params)
+    spec = {"name": cfg.data.partition.name, "num_clients": int(cfg.data.partition.num_clients),
+            "seed": int(cfg.partition_seed), **cfg.data.partition.params}
+    cache = Path(cfg.data.cache_dir or Path(cfg.output.root) / "_partitions")
+    store = build_partition(bundle, spec, cache, log=log)
+    nonempty = int((np.asarray(store.sizes) > 0).sum())
+    if nonempty == 0:
+        raise ConfigError("data.partition: every client is empty")
+    return bundle, store
+
+
+@dataclass
+class Run:
+    """A prepared run: its config, data, run directory and whether it resumes."""
+
+    cfg: ExperimentConfig
+    rd: RunDir
+    bundle: object
+    store: object
+    resume: bool
+    t_start: float
+    trackers: Trackers  # the MLflow / W&B runs it mirrors into (started), possibly none
+    early: EarlyStart | None = None  # Ray and the actors, started while the data loaded (fedray.engine.launch)
+    t_data: float = 0.0  # when the data was ready (time.perf_counter())
+
+    @property
+    def state_path(self) -> str:
+        return str(self.rd.state_path)
+
+
+def _claim_run_dir(rd: RunDir, cfg: ExperimentConfig, overwrite: bool) -> None:
+    """A new run never lands on an earlier one's files: refuse (:func:`~fedray.engine.claim.check_run_dir`),
+    unless ``overwrite`` asks to delete them."""
+    check_run_dir(rd.path, cfg, overwrite=overwrite)
+    if rd.holds_run():
+        rd.clear()
+
+
+def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, overwrite: bool = False,
+              log=print, early: EarlyStart | None = None) -> Run:
+    """Checks before any work, then the data and the run directory (``run.json`` status ``running``).
+
+    With ``early`` (a Ray run's actors, starting), the checks that need the registries are made by the
+    coordinator actor, after the data is ready (:meth:`EarlyStart.check`): this process never imports torch
+    for them. Either way they come before the run directory is claimed."""
+    t_start = time.perf_counter()
+    if resume is not None:
+        rd = RunDir(resume)
+        if not (rd.path / "config.yaml").is_file():
+            raise ConfigError(f"--resume {str(resume)!r}: not a run directory (no config.yaml)")
+        cfg = load_config(rd.path / "config.yaml")
+    if cfg is None:
+        raise ConfigError("run_experiment needs a config or a run directory to resume")
+    if early is None:
+        check_registries(cfg)  # before the data: a misspelt name fails at once
+    else:
+        check_driver(cfg)  # the data source's name, the trackers' libraries (this process writes to them)
+    check_output_root(cfg)
+    bundle, store = prepare_data(cfg, log)
+    t_data = time.perf_counter()
+    if early is None:
+        check_data_fit(cfg, store.meta)  # the model for the data's shape; groups of clients (engine.multi_client)
+    else:
+        early.check(cfg, store.meta)
+    if resume is None:
+        rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
+        _claim_run_dir(rd, cfg, overwrite)
+    rd.create()
+    info = {"config_hash": config_hash(cfg), "partition_hash": store.hash, "source": cfg.data.source,
+            "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
+            "python": platform.python_version(), "status": "running",
+            "num_clients": int(store.num_clients), "partition_path": str(store.path)}
+    if cfg.plugins:  # the user's code this run ran: digests (also in the config hash), origins, versions
+        from fedray.core.plugin_loader import provenance
+
+        info["plugins"] = provenance(cfg.plugin_code, cfg.plugin_roots)
+    trackers = Trackers(rd, open_trackers(cfg, rd.path, rd.path.name), log)
+    trackers.start(cfg, info)  # one that cannot start fails here, before run.json claims the directory
+    if resume is None:
+        atomic_write_text(rd.path / "config.yaml", dump_config(cfg))
+    rd.write_json("run.json", info)
+    return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start,
+               trackers=trackers, t_data=t_data)
+
+
+def fail_run(run: Run, engine, result: RunResult, log=print) -> None:
+    """A run that cannot produce a trustworthy result: ``run.json`` says ``failed`` with the reason; the
+    checkpoint of the last good round stays (the Checkpointer wrote it); no final weights or summary."""
+    if engine is not None:
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - the coordinator may be the thing that died
+            pass
+    info = run.rd.read_json("run.json")
+    info.update(status="failed", error=result.failed)
+    run.rd.write_json("run.json", info)
+    log(f"[fedray] failed: {result.failed} | outputs in {run.rd.path}")
+
+
+def finish_run(run: Run, engine, result: RunResult, log=print) -> RunResult:
+    """Final weights and summary (not after an interruption), the status in ``run.json``."""
+    rd = run.rd
+    weights = engine.weights()
+    result.weights_hash = engine.weights_hash()
+    engine.close()
+    if not result.interrupted:
+        buf = io.BytesIO()
+        np.save(buf, weights)
+        atomic_write_bytes(rd.path / "final_weights.npy", buf.getvalue())
+        last = result.rounds[-1] if result.rounds else {}
+        result.final = {
+            "round": last.get("round"), "accuracy": result.accuracy, "ema_accuracy": last.get("ema_accuracy"),
+            "domain_accuracy": last.get("domain_accuracy"), "weights_hash": result.weights_hash,
+            "startup_seconds": result.startup_seconds, "rounds_seconds": result.rounds_seconds,
+            "mean_round_seconds": float(np.mean([r["seconds_total"] for r in result.rounds])) if result.rounds else None,
+            "total_seconds": time.perf_counter() - run.t_start,
+            "coordinator_restarts": result.coordinator_restarts,
+            # the last evaluation's values of eval.metrics (only when it names some: summary.json as before otherwise)
+            **{name: last[name] for name in run.cfg.eval.metrics if name in last},
+        }
+        rd.write_json("summary.json", result.final)
+    info = rd.read_json("run.json")
+    info["status"] = run_status(result)
+    rd.write_json("run.json", info)
+    restarts = f" | coordinator restarts {result.coordinator_restarts}" if result.coordinator_restarts else ""
+    log(f"[fedray] {'stopped' if result.interrupted else 'finished'}: accuracy {result.accuracy:.4f} | "
+        f"weights {result.weights_hash}{restarts} | outputs in {rd.path}")
+    return result
+
+
+def run_status(result: RunResult) -> str:
+    return ("failed" if result.failed else "interrupted" if result.interrupted else
+            "stopped" if result.stopped_early else "finished")
