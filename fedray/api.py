@@ -416,12 +416,14 @@ def _csv_rows(path: Path) -> Table:
         return Table({k: value(v) for k, v in row.items()} for row in csv.DictReader(f))
 
 
-def tune(study_file, *, storage: str | None = None, resume: bool = False, output_dir=None,
+def tune(study_file, *overrides, storage: str | None = None, resume: bool = False, output_dir=None,
          quiet: bool = True) -> TuneResult:
-    """Run an Optuna study file (``fedray tune``); ``resume`` continues it (finished trials kept)."""
-    from tuning.runner import tune as run_study
+    """Run an Optuna study file (``fedray tune``), ``overrides`` (``a.b=c``) of its base config; ``resume`` continues
+    it (finished trials kept)."""
+    from tuning.driver import tune as run_study
 
-    res = run_study(study_file, storage=storage, resume=resume, output_dir=output_dir, log=_quiet if quiet else print)
+    res = run_study(study_file, *_overrides(overrides, None), storage=storage, resume=resume, output_dir=output_dir,
+                    log=_quiet if quiet else print)
     best = Path(res.study_dir) / "best_config.yaml"
     return TuneResult(Path(res.study_dir), _csv_rows(Path(res.study_dir) / "trials.csv"),
                       best if best.is_file() else None, dict(res.counts), list(res.outputs), res.interrupted)

@@ -9,13 +9,14 @@
     fedray new NAME                      write a plugin project ./NAME (a method, a model, a config, a test)
     fedray report RUN_DIR [RUN_DIR ...]  tables (per run, mean ± std over seeds) and PNG plots from run directories
     fedray report SWEEP_DIR              a sweep's tables and report again, from its run directories
-    fedray tune STUDY.yaml [--resume]    hyper-parameter study over whole runs (docs/tuning.md)
-    fedray scale SCALE.yaml              client-count scaling sweep -> Parquet table + plots (docs/scaling.md)
+    fedray tune STUDY.yaml [a.b=c ...]   hyper-parameter study over whole runs (docs/tuning.md)
+    fedray scale SCALE.yaml [a.b=c ...]  client-count scaling sweep -> Parquet table + plots (docs/scaling.md)
     fedray sweep SWEEP.yaml [a.b=c ...]  grid of runs (methods x settings x seeds) -> sweep.parquet + tables (docs/sweep.md)
     fedray bench [NAME [ARGS ...]]       list / run the benchmarks of bench/ (docs/benchmarks.md)
 
-``python -m fedray ...`` is the same command line. Options and a.b=c overrides of ``run`` and
-``partition`` may come in any order.
+``python -m fedray ...`` is the same command line. Options and a.b=c overrides of ``run``, ``partition``, ``sweep``,
+``tune`` and ``scale`` may come in any order; ``sweep``, ``tune`` and ``scale`` share ``--output-dir``, ``--dry-run``
+and ``--resume`` (:mod:`fedray.apps.arguments`).
 """
 
 from __future__ import annotations
@@ -333,7 +334,7 @@ def _cmd_report(args) -> int:
 def _cmd_scale(args) -> int:
     from fedray.apps.scale import main_cli
 
-    return main_cli(args.scale, output=args.output_dir, dry_run=args.dry_run, resume=args.resume)
+    return main_cli(args.scale, args.overrides, output=args.output_dir, dry_run=args.dry_run, resume=args.resume)
 
 
 def _cmd_sweep(args) -> int:
@@ -341,19 +342,6 @@ def _cmd_sweep(args) -> int:
 
     return main_cli(args.sweep, args.overrides, output_dir=args.output_dir, dry_run=args.dry_run,
                     resume=args.resume)
-
-
-def add_sweep_arguments(ap) -> None:
-    """The arguments shared by ``fedray sweep`` and ``python -m jobs.sweep``."""
-    ap.add_argument("sweep", metavar="SWEEP.yaml", help="sweep file (docs/sweep.md)")
-    ap.add_argument("overrides", nargs="*", metavar="a.b=c",
-                    help="overrides of the base experiment, applied before the axes (e.g. train.rounds=3)")
-    ap.add_argument("--output-dir", help="the sweep's directory (default: the sweep file's output_dir, else "
-                                         "runs/sweeps/<name>)")
-    ap.add_argument("--dry-run", action="store_true", help="list the points and their run directories; run nothing")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the sweep in --output-dir: finished points kept, interrupted ones continue from "
-                         "their checkpoints, failed ones start over")
 
 
 def bench_scripts() -> dict:
@@ -387,13 +375,13 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_tune(args) -> int:
-    from tuning.runner import run_cli
+    from tuning.cli import run_cli
 
     return run_cli(args, "fedray tune")
 
 
 #: Subcommands whose positional a.b=c overrides may be mixed with options (argparse's intermixed parsing).
-INTERMIXED = ("run", "partition", "sweep")
+INTERMIXED = ("run", "partition", "sweep", "tune", "scale")
 
 
 def _add_experiment_commands(sub) -> None:
@@ -502,26 +490,23 @@ def _add_report_commands(sub) -> None:
 
 
 def _add_study_commands(sub) -> None:
-    from tuning.runner import add_arguments as _tune_arguments
+    """``tune``, ``scale`` and ``sweep``: one command-line shape (:mod:`fedray.apps.arguments`), and ``bench``."""
+    from fedray.apps.arguments import add_scale_arguments, add_sweep_arguments
+    from tuning.cli import add_arguments as add_tune_arguments
 
     tu = sub.add_parser("tune", help="hyper-parameter study (Optuna) over whole FL runs, trials in parallel",
                         description="Run the Optuna study described by STUDY.yaml (docs/tuning.md): each trial is "
                                     "one FL run, pruned per round, several trials at once on slices of the Ray "
                                     "cluster; writes trials.csv/md, best_config.yaml and plots/ into the study "
                                     "directory. --resume continues a crashed or interrupted study.")
-    tu.add_argument("study", metavar="STUDY.yaml")
-    _tune_arguments(tu)
+    add_tune_arguments(tu)
     tu.set_defaults(func=_cmd_tune)
 
     sc = sub.add_parser("scale", help="client-count scaling sweep: throughput, latency split, memory -> table + plots",
                         description="Run the sweep described by SCALE.yaml (docs/scaling.md): population size, clients "
                                     "per round, client workers and engine.multi_client; one short run per point. "
                                     "Writes scaling.parquet/csv/md and plots/*.png into the output directory.")
-    sc.add_argument("scale", metavar="SCALE.yaml")
-    sc.add_argument("--output-dir", help="output directory (default: the scale file's output field)")
-    sc.add_argument("--dry-run", action="store_true", help="list the points and exit")
-    sc.add_argument("--resume", action="store_true",
-                    help="keep the points an interrupted sweep into the same output directory finished; run the rest")
+    add_scale_arguments(sc)
     sc.set_defaults(func=_cmd_scale)
 
     sw = sub.add_parser("sweep", help="grid of runs (methods x settings x seeds), resumable -> sweep.parquet + "

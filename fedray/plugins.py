@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from fedray.config import ConfigError, ExperimentConfig
 
-__all__ = ["check_data_fit", "check_driver", "check_model", "check_output_root", "check_plugins", "check_registries",
-           "check_run", "load_plugins", "plugin_py_modules"]
+__all__ = ["check_data_fit", "check_driver", "check_model", "check_output_root", "check_params_key", "check_plugins",
+           "check_registries", "check_run", "load_plugins", "plugin_py_modules"]
 
 
 def load_plugins(cfg: ExperimentConfig) -> list[str]:
@@ -127,6 +127,38 @@ def check_metrics(cfg: ExperimentConfig) -> None:
         if name not in METRICS:
             hint = "" if cfg.plugins else "; a metric of your own is registered by a module named in plugins:"
             raise ConfigError(f"eval.metrics[{i}]: unknown metric {name!r} (known: {', '.join(sorted(METRICS))}{hint})")
+
+
+def check_params_key(cfg: ExperimentConfig, path: str, owner: str, where: str, noun: str = "parameter path") -> None:
+    """``path`` names a key of the free mapping ``owner`` (``algorithm.params``, ``server.params``, ``model.params``,
+    ``data.params``, ``data.partition.params``: :func:`fedray.config_paths.check_path` says which): the key must be
+    a parameter of the entry ``cfg`` chooses there (the chosen algorithm, ...), else a ConfigError starting with
+    ``where`` and calling the path a ``noun``."""
+    from fedray.algorithms import ALGORITHMS, SERVER_OPTIMIZERS
+    from fedray.data.partition import PARTITIONERS
+    from fedray.data.sources import SOURCES
+    from fedray.models import MODELS
+
+    load_plugins(cfg)
+    entries = {"algorithm.params": ("algorithm", ALGORITHMS, cfg.algorithm.name, "algorithm.name",
+                                    lambda e: e.params_spec),
+               "server.params": ("server optimizer", SERVER_OPTIMIZERS, cfg.server.name, "server.name",
+                                 lambda e: e.params_spec),
+               "model.params": ("model", MODELS, cfg.model.name, "model.name", lambda e: e.options),
+               "data.params": ("data source", SOURCES, cfg.data.source, "data.source", lambda e: e.params),
+               "data.partition.params": ("partitioner", PARTITIONERS, cfg.data.partition.name,
+                                         "data.partition.name", lambda e: e.params)}
+    if owner not in entries:
+        return
+    what, registry, name, field, params = entries[owner]
+    entry = registry.get(name)
+    if entry is None:
+        raise ConfigError(f"{field}: unknown {what} {name!r} (known: {', '.join(sorted(registry))})")
+    key = path[len(owner) + 1:].split(".")[0]
+    known = list(params(entry))
+    if key not in known:
+        raise ConfigError(f"{where}: unknown {noun}: {what} {name!r} has no parameter {key!r} "
+                          f"(known: {', '.join(sorted(known)) or 'none'})")
 
 
 def check_model(cfg: ExperimentConfig, meta) -> None:

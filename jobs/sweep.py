@@ -18,7 +18,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fedray.cli import add_sweep_arguments
+    from fedray.apps.arguments import add_sweep_arguments
 
     ap = argparse.ArgumentParser(prog="python -m jobs.sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

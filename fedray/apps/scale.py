@@ -1,37 +1,22 @@
-"""Client-count scaling experiments: ``fedray scale SCALE.yaml`` and ``python -m jobs.scale``.
+"""Client-count scaling experiments: ``fedray scale SCALE.yaml`` and ``python -m jobs.scale`` (docs/scaling.md has
+the scale file, the columns and measured figures).
 
-A *scale file* names a base experiment and the axes to sweep; every point of the sweep is one short FL run
-(:func:`fedray.engine.runner.run_experiment`) whose round reports are reduced to one row of a table::
+A *scale file* names a base experiment (``base:`` a config path and/or ``experiment:`` inline, ``overrides:``), the
+rounds per point and the axes to sweep (``sweeps:``, a list of grids, or ``sweep:``, one grid; an axis a grid
+leaves out takes ``defaults``). Axes: ``population`` (``data.partition.num_clients``, and the ``synthetic``
+source's ``num_clients``), ``clients_per_round`` (``train.clients_per_round``), ``num_workers``
+(``engine.num_workers``), ``multi_client`` (``engine.multi_client``) and ``fold_group`` (``engine.fold_group``:
+``upload_mb`` falls by that factor). Every point is one short FL run, one at a time through
+:class:`fedray.apps.launcher.Launcher`, whose round reports are reduced to one row of a table. Points are
+de-duplicated; a point with more clients per round than clients, or a ``fold_group`` that is not a multiple of its
+``multi_client``, is recorded as skipped; a ``fold_group`` above 1 for an algorithm that cannot fold partial sums
+is refused when the scale file is read. Workers that do not fit the Ray cluster's CPUs get ``worker_num_cpus``
+lowered so they do (recorded per point): on a small machine a worker sweep then measures over-subscription.
 
-    name: scale_small
-    base: fedavg_synthetic.yaml        # experiment config (path relative to this file), or
-    experiment: {...}                  # ... the experiment inline (base + experiment: inline wins)
-    overrides: [train.lr=0.05]         # a.b=c overrides applied to the base
-    rounds: 3                          # rounds per point (train.rounds); round 1 is reported apart (warm-up)
-    output: scale-out/scale_small      # where the table and plots go (relative to the working directory)
-    ray: {num_cpus: 4}                 # ray.init arguments when fedray starts a local Ray (optional)
-    defaults: {population: 1000, clients_per_round: 50, num_workers: 2, multi_client: 1, fold_group: 1}
-    sweeps:                            # each entry: a grid over its axes, the others at `defaults`
-      - {clients_per_round: [10, 100, 1000], multi_client: [1, 16]}
-      - {clients_per_round: [1000], fold_group: [1, 10]}
-      - {population: [100, 10000, 100000]}
-      - {num_workers: [1, 2, 4]}
-
-``sweep: {...}`` (one grid) may be given instead of ``sweeps``. Axes: ``population`` (number of clients:
-``data.partition.num_clients``, and the ``synthetic`` source's ``num_clients``), ``clients_per_round``
-(``train.clients_per_round``), ``num_workers`` (``engine.num_workers``), ``multi_client``
-(``engine.multi_client``) and ``fold_group`` (``engine.fold_group``: partial sums of that many clients on
-the workers; ``upload_mb`` shows the traffic to the coordinator falling by that factor). Points are
-de-duplicated; a point with more clients per round than clients, or a ``fold_group`` that is not a
-multiple of its ``multi_client``, is recorded as skipped. A ``fold_group`` above 1 for an algorithm that
-cannot fold partial sums is refused when the scale file is read. Workers that do not fit the Ray cluster's CPUs get ``worker_num_cpus`` lowered so
-they do (recorded per point): on a small machine a worker sweep then measures over-subscription.
-
-Outputs in the output directory: ``scaling.parquet`` (columns in :data:`COLUMNS`), ``scaling.csv``,
-``scaling.md`` (the printed table), ``scale.yaml`` (the resolved scale file), ``plots/*.png``
-(throughput vs clients per round, latency split vs population, memory vs population and vs clients
-per round, speed-up vs workers; a plot is skipped when its axis has a single value) and ``runs/`` (the
-run directories of the points). See docs/scaling.md. The in-run measurements (object store, GPU) are in
+Outputs in the output directory: ``scaling.parquet`` (columns in :data:`COLUMNS`; rewritten after every point),
+``scaling.csv``, ``scaling.md`` (the printed table), ``scale.yaml`` (the resolved scale file), ``plots/*.png``
+(a plot is skipped when its axis has a single value), ``runs/`` (the run directories of the points) and
+``scale.lock`` (one driver per output directory). The in-run measurements (object store, GPU) are in
 :mod:`fedray.apps.probes`, the plots in :mod:`fedray.apps.scale_plots`.
 """
 
@@ -42,20 +27,20 @@ import itertools
 import json
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedray.apps.launcher import Job, Launcher, RunOutcome, output_lock
 from fedray.apps.probes import GpuSampler, ObjectStoreProbe
 from fedray.apps.scale_plots import AXES, write_plots
+from fedray.apps.sweep_spec import read_base
 from fedray.config import ConfigError, apply_overrides, from_dict, read_config_file
 from fedray.core.io import atomic_writer
 from fedray.core.procinfo import proc_memory_mb
 from fedray.core.ray_env import ensure_ray
-from fedray.reporting.progress import ProgressBar
 from fedray.reporting.trackers import check_trackers
 
 _AXIS_DEFAULTS = {"population": None, "clients_per_round": None, "num_workers": 2, "multi_client": 1, "fold_group": 1}
@@ -131,8 +116,10 @@ def _int_list(field_name: str, value: Any) -> list[int]:
     return [int(v) for v in vals]
 
 
-def load_scale(path: str | Path | None = None, *, data: dict | None = None, output: str | Path | None = None) -> ScaleSpec:
-    """Read and validate a scale file (or the mapping ``data``); errors name the offending field."""
+def load_scale(path: str | Path | None = None, *, data: dict | None = None, output: str | Path | None = None,
+               overrides: list[str] | None = None) -> ScaleSpec:
+    """Read and validate a scale file (or the mapping ``data``), with ``overrides`` (``a.b=c``) of its base
+    experiment after the file's own; errors name the offending field."""
     if data is None:
         if path is None:
             raise ConfigError("scale: give a scale file or its contents")
@@ -141,7 +128,7 @@ def load_scale(path: str | Path | None = None, *, data: dict | None = None, outp
     unknown = sorted(set(data) - _SCALE_KEYS)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown field in the scale file (known: {', '.join(sorted(_SCALE_KEYS))})")
-    base = _base_experiment(data, Path(path).resolve().parent if path is not None else Path.cwd())
+    base = _base_experiment(data, Path(path).resolve().parent if path is not None else Path.cwd(), overrides or [])
     cfg = from_dict(base)  # the base experiment must be valid on its own
     check_trackers(cfg)  # a tracker library that is missing: refused before the first point
     rounds = data.get("rounds", 3)
@@ -162,13 +149,11 @@ def load_scale(path: str | Path | None = None, *, data: dict | None = None, outp
                      source_path=str(Path(path).resolve()) if path is not None else None)
 
 
-def _base_experiment(data: dict, here: Path) -> dict:
+def _base_experiment(data: dict, here: Path, cli_overrides: list[str]) -> dict:
     """The base experiment of a scale file as a dict: ``base`` (a path relative to ``here``) merged with
     the inline ``experiment``, then the ``overrides``."""
     base: dict = {}
     if data.get("base") is not None:
-        from fedray.apps.sweep_spec import read_base
-
         base = read_base(data["base"], here, inline=False)  # inline experiments go in `experiment:`
     if data.get("experiment") is not None:
         if not isinstance(data["experiment"], dict):
@@ -179,7 +164,7 @@ def _base_experiment(data: dict, here: Path) -> dict:
     ovs = data.get("overrides") or []
     if not isinstance(ovs, list) or not all(isinstance(o, str) for o in ovs):
         raise ConfigError(f"overrides: expected a list of a.b=c strings, got {ovs!r}")
-    return apply_overrides(base, ovs)
+    return apply_overrides(base, [*ovs, *cli_overrides])
 
 
 def _axis_defaults(data: dict, cfg) -> dict:
@@ -344,55 +329,56 @@ def _ensure_ray(spec: ScaleSpec, cfg) -> float | None:
     return float(ray.cluster_resources().get("CPU", 1.0))
 
 
-def run_point(spec: ScaleSpec, point: dict, cluster_cpus: float | None, log=print) -> dict:
-    """Run one point; returns its table row (status ``ok``, ``skipped: ...`` or ``failed: ...``)."""
-    from fedray.engine.runner import run_experiment
+class _Point:
+    """One point of the sweep: its table row so far, its run (:class:`~fedray.apps.launcher.Job`) and the probes
+    sampled around it (object store at every round end, GPUs every 0.5 s)."""
 
-    cfg_dict = point_config(spec, point, cluster_cpus)
-    base = from_dict(spec.base)
-    row = {"point": int(point["index"]), **{a: int(point[a]) for a in AXES},
-           "worker_num_cpus": float(cfg_dict["engine"].get("worker_num_cpus", base.engine.worker_num_cpus)),
-           "backend": base.engine.backend, "source": base.data.source, "model": base.model.name,
-           "algorithm": base.algorithm.name, "num_params": -1, "rounds": int(spec.rounds), "status": "ok"}
-    if point["clients_per_round"] > point["population"]:
-        row["status"] = f"skipped: {point['clients_per_round']} clients per round > population {point['population']}"
-        return row
-    if point["fold_group"] > 1 and point["fold_group"] % point["multi_client"]:
-        row["status"] = f"skipped: fold_group {point['fold_group']} is not a multiple of multi_client {point['multi_client']}"
-        return row
-    cfg = from_dict(cfg_dict)
-    probe = ObjectStoreProbe()
-    used0, spilled0 = probe.read()
-    seen = {"store_used": [], "spilled": [], "spilled0": spilled0 if not math.isnan(spilled0) else 0.0}
+    def __init__(self, spec: ScaleSpec, point: dict, cluster_cpus: float | None):
+        self.cfg = point_config(spec, point, cluster_cpus)
+        base = from_dict(spec.base)
+        self.row = {"point": int(point["index"]), **{a: int(point[a]) for a in AXES},
+                    "worker_num_cpus": float(self.cfg["engine"].get("worker_num_cpus", base.engine.worker_num_cpus)),
+                    "backend": base.engine.backend, "source": base.data.source, "model": base.model.name,
+                    "algorithm": base.algorithm.name, "num_params": -1, "rounds": int(spec.rounds), "status": "ok"}
+        if point["clients_per_round"] > point["population"]:
+            self.row["status"] = (f"skipped: {point['clients_per_round']} clients per round > population "
+                                  f"{point['population']}")
+        elif point["fold_group"] > 1 and point["fold_group"] % point["multi_client"]:
+            self.row["status"] = (f"skipped: fold_group {point['fold_group']} is not a multiple of multi_client "
+                                  f"{point['multi_client']}")
 
-    def on_round(report):
-        used, spilled = probe.read()
+    def job(self) -> Job:
+        """The point's run (the sweep owns its run directories: a point run again starts over), probes started."""
+        cfg = from_dict(self.cfg)
+        self.probe, self.gpu = ObjectStoreProbe(), GpuSampler()
+        _, spilled0 = self.probe.read()
+        self.seen = {"store_used": [], "spilled": [], "spilled0": spilled0 if not math.isnan(spilled0) else 0.0}
+        self.gpu.start()
+        return Job(self.row["point"], config=cfg, overwrite=True, on_round=self._on_round)
+
+    def _on_round(self, report: dict) -> None:
+        used, spilled = self.probe.read()
         if not math.isnan(used):
-            seen["store_used"].append(used)
-            seen["spilled"].append(spilled)
-        return None
+            self.seen["store_used"].append(used)
+            self.seen["spilled"].append(spilled)
 
-    gpu = GpuSampler()
-    gpu.start()
-    t0 = time.perf_counter()
-    try:
-        # the sweep owns its run directories: a point run again starts over
-        res = run_experiment(cfg, progress=False, log=lambda *a: None, on_round=on_round, overwrite=True)
-    except Exception as e:  # noqa: BLE001 - one failed point must not lose the sweep
-        gpu.stop()
-        row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        row["total_s"] = time.perf_counter() - t0
-        log(f"[scale] point {point['index']}: {row['status']}")
+    def finish(self, o: RunOutcome) -> dict | None:
+        """The point's row from its outcome; None for a run the batch's stop interrupted (not measured)."""
+        gpu = self.gpu.stop()
+        row = {**self.row, "total_s": o.seconds}
+        if o.status == "failed":
+            row["status"] = f"failed: {o.error}"[:300]
+            return row
+        if o.status != "finished":
+            return None
+        row.update(gpu)
+        row.update(summarize_point(row, self.cfg, o.result, self.seen))
+        try:  # length of the flat float32 weight vector (parameters and float buffers)
+            row["num_params"] = int(np.load(o.run_dir / "final_weights.npy", mmap_mode="r").shape[0])
+        except (OSError, ValueError):
+            pass
+        row["driver_rss_mb"] = proc_memory_mb(os.getpid())[0]
         return row
-    row.update(gpu.stop())
-    row["total_s"] = time.perf_counter() - t0
-    row.update(summarize_point(point, cfg_dict, res, seen))
-    try:  # length of the flat float32 weight vector (parameters and float buffers)
-        row["num_params"] = int(np.load(Path(res.run_dir) / "final_weights.npy", mmap_mode="r").shape[0])
-    except (OSError, ValueError):
-        pass
-    row["driver_rss_mb"] = proc_memory_mb(os.getpid())[0]
-    return row
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -492,46 +478,77 @@ def finished_points(spec: ScaleSpec) -> dict[tuple, dict]:
 
 
 def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[dict], list[Path]]:
-    """Run every point of ``spec`` (in order), write the table, the plots and the resolved scale file
-    into ``spec.output``; returns (rows, files written). With ``resume`` the points an earlier sweep into
-    the same output directory finished (status ok) are kept, not run again; failed ones run again."""
+    """Run every point of ``spec`` (in order, one at a time: :class:`~fedray.apps.launcher.Launcher`), write the
+    table, the plots and the resolved scale file into ``spec.output``; returns (rows, files written). With
+    ``resume`` the points an earlier sweep into the same output directory finished (status ok) are kept, not run
+    again; failed ones run again. Ctrl-C or SIGTERM stop the point running after its round in flight: the rows
+    then end before the last point, and the table, the CSV and the plots hold the points measured."""
+    out = spec.output
+    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out / "scale.lock", f"scale {out}"):
+        return _run_locked(spec, log, resume)
+
+
+def _point_line(i: int, n: int, point: dict) -> str:
+    return (f"[scale] point {i + 1}/{n}: population {point['population']:,}, {point['clients_per_round']} "
+            f"clients/round, {point['num_workers']} workers, multi_client {point['multi_client']}"
+            + (f", fold_group {point['fold_group']}" if point["fold_group"] > 1 else ""))
+
+
+def _run_locked(spec: ScaleSpec, log, resume: bool) -> tuple[list[dict], list[Path]]:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
     import yaml
 
     out = spec.output
-    out.mkdir(parents=True, exist_ok=True)
     done = finished_points(spec) if resume else {}
     (out / "scale.yaml").write_text(yaml.safe_dump(_scale_record(spec), sort_keys=False))
-    cluster_cpus, ray_checked = None, False
     rows: list[dict] = []
     # points done / total on a terminal (the [scale] lines print above it); the lines alone otherwise
-    with ProgressBar(len(spec.points), "point", desc=f"scale {spec.name}", log=log) as bar:
-        for i, point in enumerate(spec.points):
+    launcher = Launcher(1, tag="scale", total=len(spec.points), unit="point", desc=f"scale {spec.name}", log=log)
+    todo = iter(enumerate(spec.points))
+    running: dict[int, _Point] = {}
+    ray: dict = {}
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        add_speedups(rows)
+        with atomic_writer(out / "scaling.parquet") as f:  # after every point: a crashed sweep keeps what it measured
+            pq.write_table(to_table(rows), f)
+        ok = row.get("status") == "ok"
+        launcher.advance(1, **({"upd/s": f"{row['client_updates_per_s']:.1f}"} if ok else {"last": row["status"][:20]}))
+
+    def next_job() -> Job | None:
+        for i, point in todo:
             point = {**point, "index": i}
-            prefix = (f"[scale] point {i + 1}/{len(spec.points)}: population {point['population']:,}, "
-                      f"{point['clients_per_round']} clients/round, {point['num_workers']} workers, "
-                      f"multi_client {point['multi_client']}" +
-                      (f", fold_group {point['fold_group']}" if point["fold_group"] > 1 else ""))
             if _point_key(point) in done:
-                bar.write(prefix + " (measured earlier, kept)")
-                row = {"fold_group": point["fold_group"], **done[_point_key(point)], "point": i}
-            else:
-                bar.write(prefix)
-                if not ray_checked:  # Ray is started only when a point has to run
-                    cluster_cpus, ray_checked = _ensure_ray(spec, from_dict(point_config(spec, point))), True
-                row = run_point(spec, point, cluster_cpus, log=bar.write)
-                if row["status"] == "ok":
-                    bar.write(f"[scale]   {row['client_updates_per_s']:.1f} client updates/s, round "
-                              f"{row['round_s']:.3f} s, coordinator peak {row['coordinator_peak_mb']:.0f} MB, "
-                              f"start-up {row['startup_s']:.1f} s")
-            rows.append(row)
-            add_speedups(rows)
-            table = to_table(rows)  # rewritten after every point: a crashed sweep keeps what it measured
-            with atomic_writer(out / "scaling.parquet") as f:
-                pq.write_table(table, f)
-            ok = row.get("status") == "ok"
-            bar.update(1, **({"upd/s": f"{row['client_updates_per_s']:.1f}"} if ok else {"last": row["status"][:20]}))
+                launcher.say(_point_line(i, len(spec.points), point) + " (measured earlier, kept)")
+                record({"fold_group": point["fold_group"], **done[_point_key(point)], "point": i})
+                continue
+            launcher.say(_point_line(i, len(spec.points), point))
+            if not ray:  # Ray is started only when a point has to run
+                ray["cpus"] = _ensure_ray(spec, from_dict(point_config(spec, point)))
+            p = _Point(spec, point, ray["cpus"])
+            if p.row["status"] != "ok":
+                record(p.row)
+                continue
+            running[i] = p
+            return p.job()
+        return None
+
+    def settle(o: RunOutcome) -> None:
+        row = running.pop(o.key).finish(o)
+        if row is None:
+            return
+        if row["status"] == "ok":
+            launcher.say(f"[scale]   {row['client_updates_per_s']:.1f} client updates/s, round {row['round_s']:.3f} s, "
+                         f"coordinator peak {row['coordinator_peak_mb']:.0f} MB, start-up {row['startup_s']:.1f} s")
+        else:
+            launcher.say(f"[scale] point {o.key}: {row['status']}")
+        record(row)
+
+    launcher.run(next_job, settle, stopping="; --resume measures it and the points after it")
+    table = to_table(rows)
     with atomic_writer(out / "scaling.csv") as f:
         pacsv.write_csv(table, f)
     md = format_rows(rows)
@@ -541,19 +558,27 @@ def run_scale(spec: ScaleSpec, log=print, resume: bool = False) -> tuple[list[di
     return rows, files
 
 
-def main_cli(config: str, output: str | None = None, dry_run: bool = False, log=print, resume: bool = False) -> int:
-    """Shared body of ``fedray scale`` and ``python -m jobs.scale``."""
-    spec = load_scale(config, output=output)
+def _dry_run(spec: ScaleSpec, log) -> int:
+    for i, p in enumerate(spec.points):
+        log(f"{i:3d}  population {p['population']:>7,}  clients/round {p['clients_per_round']:>5}  "
+            f"workers {p['num_workers']}  multi_client {p['multi_client']}  fold_group {p['fold_group']}")
+    log(f"{len(spec.points)} points x {spec.rounds} rounds -> {spec.output} (run directories in {spec.output / 'runs'})")
+    return 0
+
+
+def main_cli(config: str, overrides: list[str] | None = None, *, output: str | None = None, dry_run: bool = False,
+             resume: bool = False, log=print) -> int:
+    """Shared body of ``fedray scale`` and ``python -m jobs.scale``: exit 0 done, 1 a point failed, 130 interrupted;
+    a bad scale file raises ConfigError (exit 2 in the callers)."""
+    spec = load_scale(config, output=output, overrides=overrides)
     if dry_run:
-        for i, p in enumerate(spec.points):
-            log(f"{i:3d}  population {p['population']:>7,}  clients/round {p['clients_per_round']:>5}  "
-                f"workers {p['num_workers']}  multi_client {p['multi_client']}  fold_group {p['fold_group']}")
-        log(f"{len(spec.points)} points x {spec.rounds} rounds -> {spec.output}")
-        return 0
+        return _dry_run(spec, log)
     rows, files = run_scale(spec, log=log, resume=resume)
     print(format_rows(rows))
     for f in files:
         print(f"wrote {f}")
     print(f"scale output directory: {spec.output}")
+    if len(rows) < len(spec.points):  # stopped by Ctrl-C / SIGTERM before the last point
+        return 130
     failed = [r for r in rows if str(r.get("status", "")).startswith("failed")]
     return 1 if failed else 0

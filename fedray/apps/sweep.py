@@ -2,8 +2,8 @@
 
 Every point of the sweep file (:mod:`fedray.apps.sweep_spec`) is one ``run_experiment`` run in its own run
 directory ``<output_dir>/runs/<algorithm>-<config hash>`` (the name ``fedray run`` gives the same config).
-Several points run at once, each in a driver thread with its own coordinator and client workers, a slice of
-the Ray cluster sized as ``fedray tune`` sizes trials (:mod:`fedray.apps.slices`).
+Several points run at once through :class:`fedray.apps.launcher.Launcher`, each with its own coordinator and
+client workers, a slice of the Ray cluster sized as ``fedray tune`` sizes trials (:mod:`fedray.apps.slices`).
 
 Outputs in the output directory: ``sweep.json`` (the resolved sweep: base config, points, tables),
 ``sweep.parquet`` (one row per point, :data:`COLUMNS`; rewritten atomically whenever a point ends),
@@ -23,21 +23,18 @@ round's checkpoint), a deterministic crash for the resume tests.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import math
 import os
 import signal
-import socket
-import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fedray.apps.launcher import Job, Launcher, RunOutcome, output_lock
 from fedray.apps.slices import apply_slice, plan_slices
 from fedray.apps.sweep_spec import SweepSpec, TableSpec, load_sweep
 from fedray.config import ConfigError, from_dict
-from fedray.core.io import LockHeld, atomic_write_text, atomic_writer, exclusive_lock
+from fedray.core.io import atomic_write_text, atomic_writer
 from fedray.reporting.rundir import RunDir
 
 RECORD = "sweep.json"
@@ -244,73 +241,34 @@ def _prepare(spec: SweepSpec, log) -> None:
             raise ConfigError(f"point {p.index} ({p.describe()}): {e}") from None
 
 
-class _Runner:
-    def __init__(self, spec: SweepSpec, slices: dict):
-        self.spec, self.slices = spec, slices
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.rows: list[dict] = []
-        kill = os.environ.get(KILL_ENV, "")
-        try:
-            self.kill_at = tuple(int(x) for x in kill.split(":")) if kill else None
-        except ValueError:
-            raise ConfigError(f"{KILL_ENV}={kill!r}: expected POINT:ROUND (a testing aid)") from None
-        (spec.output_dir / "logs").mkdir(parents=True, exist_ok=True)
+def _kill_at() -> tuple[int, int] | None:
+    """The testing aid's (point, round), from :data:`KILL_ENV`."""
+    kill = os.environ.get(KILL_ENV, "")
+    try:
+        return tuple(int(x) for x in kill.split(":")) if kill else None
+    except ValueError:
+        raise ConfigError(f"{KILL_ENV}={kill!r}: expected POINT:ROUND (a testing aid)") from None
 
-    def plan(self, i: int, resume: bool) -> tuple[str, dict, int | None]:
-        """What point ``i`` needs: ``keep`` (finished), ``resume`` (from its checkpoint) or ``run`` (from round
-        1), with the run_experiment keywords and the checkpoint round it resumes from."""
-        p = self.spec.points[i]
-        rd = RunDir(p.run_dir)
-        status = _run_status(rd) if resume else None
-        if status == "finished":
-            return "keep", {}, None
-        ck = rd.latest_checkpoint() if status in ("running", "interrupted", "stopped") else None
-        if ck is not None:
-            return "resume", {"resume": p.run_dir}, RunDir.checkpoint_round(ck)
-        cfg = from_dict(apply_slice(json.loads(json.dumps(p.config)), self.slices))
-        return "run", {"cfg": cfg, "overwrite": status is not None}, None
 
-    def update(self, i: int, row: dict) -> None:
-        """Row ``i`` of sweep.parquet, rewritten atomically (from any thread)."""
-        with self.lock:
-            self.rows[i] = row
-            write_parquet(self.spec, self.rows, self.spec.output_dir / "sweep.parquet")
+def _job(spec: SweepSpec, i: int, slices: dict, resume: bool, kill_at) -> tuple[Job | None, int | None]:
+    """Point ``i``'s run: None when it finished earlier (kept), else its job (continued from its checkpoint or
+    run from round 1), with the checkpoint round it resumes from."""
+    p = spec.points[i]
+    rd = RunDir(p.run_dir)
+    status = _run_status(rd) if resume else None
+    if status == "finished":
+        return None, None
 
-    def run_point(self, i: int, kw: dict, start: int | None) -> dict:
-        """Run point ``i`` (resuming from checkpoint round ``start``, or None); its row is in sweep.parquet
-        (status running, then its end) before this thread takes the next point."""
-        self.update(i, {**self.rows[i], "status": "running"})
-        row = self._run(i, kw, start)
-        self.update(i, row)
-        return row
+    def on_round(report: dict) -> None:
+        if kill_at == (i, int(report["round"])):
+            os.kill(os.getpid(), signal.SIGKILL)
 
-    def _run(self, i: int, kw: dict, start: int | None) -> dict:
-        from fedray.engine.runner import run_experiment
-
-        path = self.spec.output_dir / "logs" / f"p{i:03d}.log"
-
-        def plog(msg: str) -> None:
-            with open(path, "a") as f:
-                f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
-
-        def on_round(report: dict) -> bool:
-            if self.kill_at == (i, int(report["round"])):
-                os.kill(os.getpid(), signal.SIGKILL)
-            return self.stop.is_set()
-
-        t0 = time.perf_counter()
-        try:
-            res = run_experiment(progress=False, log=plog, on_round=on_round, **kw)
-        except Exception as e:  # noqa: BLE001 - one failed point must not stop the others
-            cause = getattr(e, "cause", None) or e  # a Ray task error keeps the coordinator's exception
-            lines = str(cause).strip().splitlines()
-            reason = f"{type(cause).__name__}: {lines[0] if lines else ''}"[:500]
-            plog(f"failed: {reason}")
-            return point_row(self.spec, i, "failed", error=reason, resumed_from=start,
-                             seconds=time.perf_counter() - t0)
-        status = "interrupted" if (res.interrupted or res.stopped_early) else "finished"
-        return point_row(self.spec, i, status, resumed_from=start)
+    log_path = spec.output_dir / "logs" / f"p{i:03d}.log"
+    ck = rd.latest_checkpoint() if status in ("running", "interrupted", "stopped") else None
+    if ck is not None:
+        return Job(i, resume=p.run_dir, log_path=log_path, on_round=on_round), RunDir.checkpoint_round(ck)
+    cfg = from_dict(apply_slice(json.loads(json.dumps(p.config)), slices))
+    return Job(i, config=cfg, overwrite=status is not None, log_path=log_path, on_round=on_round), None
 
 
 def run_sweep(spec: SweepSpec, *, resume: bool = False, log=print) -> SweepResult:
@@ -328,76 +286,60 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, log=print) -> SweepResul
             f"CPUs and {slices['gpus_per_trial']:g} GPUs of {slices['cluster_cpus']:g} / {slices['cluster_gpus']:g}")
     out = spec.output_dir
     out.mkdir(parents=True, exist_ok=True)
-    holder = f"pid {os.getpid()} on {socket.gethostname()}"
-    try:
-        with exclusive_lock(out / "sweep.lock", holder, f"sweep {out}"):
-            return _run_locked(spec, resume, cap, slices, log)
-    except LockHeld as e:
-        raise ConfigError(str(e)) from None
+    with output_lock(out / "sweep.lock", f"sweep {out}"):
+        return _run_locked(spec, resume, cap, slices, log)
 
 
 def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> SweepResult:
-    from fedray.reporting.progress import ProgressBar
-
     out = spec.output_dir
+    kill_at = _kill_at()
     _prepare(spec, log)
     atomic_write_text(out / RECORD, json.dumps(_record(spec, slices), indent=1, default=str) + "\n")
-    runner = _Runner(spec, slices)
-    rows = runner.rows
-    todo = []
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    todo: list[Job] = []
+    starts: dict[int, int | None] = {}
     for p in spec.points:
-        what, kw, start = runner.plan(p.index, resume)
-        rows.append(point_row(spec, p.index, "finished" if what == "keep" else "pending"))
-        if what != "keep":
-            todo.append((p.index, what, kw, start))
+        job, starts[p.index] = _job(spec, p.index, slices, resume, kill_at)
+        rows.append(point_row(spec, p.index, "finished" if job is None else "pending"))
+        if job is not None:
+            todo.append(job)
     kept = len(spec.points) - len(todo)
     log(f"[sweep] {spec.name}: {len(spec.points)} points ({kept} finished earlier, kept), {cap} at a time, "
         f"{slices['workers']} worker(s) each -> {out}")
-    write_parquet(spec, rows, out / "sweep.parquet")
+    parquet = out / "sweep.parquet"
+    write_parquet(spec, rows, parquet)
     result = SweepResult(spec, rows)
     # points done / all on a terminal (the [sweep] lines print above it); the lines alone otherwise
-    bar = ProgressBar(len(spec.points), "point", desc=f"sweep {spec.name}", initial=kept, log=log)
-    prev = None
-    if threading.current_thread() is threading.main_thread():
-        def on_sigterm(signum, frame):
-            raise KeyboardInterrupt()
+    launcher = Launcher(cap, tag="sweep", total=len(spec.points), unit="point", desc=f"sweep {spec.name}",
+                        initial=kept, log=log)
+    pending = iter(todo)
 
-        prev = signal.signal(signal.SIGTERM, on_sigterm)
+    def next_job() -> Job | None:
+        job = next(pending, None)
+        if job is not None:  # in sweep.parquet before it starts: a killed sweep shows it running
+            rows[job.key] = {**rows[job.key], "status": "running"}
+            write_parquet(spec, rows, parquet)
+        return job
 
-    def settle(fut, i: int) -> None:
-        r = fut.result()  # already in sweep.parquet: a killed sweep keeps what it has
+    def settle(o: RunOutcome) -> None:
+        i, how = o.key, starts[o.key]
+        if o.status == "failed":
+            r = point_row(spec, i, "failed", error=o.error, resumed_from=how, seconds=o.seconds)
+        else:
+            r = point_row(spec, i, "finished" if o.status == "finished" else "interrupted", resumed_from=how)
+        rows[i] = r
+        write_parquet(spec, rows, parquet)  # at once: a killed sweep keeps what it has
         acc = "" if r.get("accuracy") is None or math.isnan(r["accuracy"]) else f" accuracy {r['accuracy']:.4f}"
-        how = "" if r.get("resumed_from") is None else f" (resumed from round {r['resumed_from']})"
-        bar.update(1, finished=sum(row["status"] == "finished" for row in rows))
-        bar.write(f"[sweep] point {i} {spec.points[i].describe()}: {r['status']}{acc}{how}"
-                  + (f": {r['error']}" if r.get("error") else ""))
+        since = "" if how is None else f" (resumed from round {how})"
+        launcher.advance(1, finished=sum(row["status"] == "finished" for row in rows))
+        launcher.say(f"[sweep] point {i} {spec.points[i].describe()}: {r['status']}{acc}{since}"
+                     + (f": {r['error']}" if r.get("error") else ""))
 
-    try:
-        with cf.ThreadPoolExecutor(max_workers=cap, thread_name_prefix="fedray-point") as pool:
-            running = {}
-            for i, _what, kw, start in todo:
-                running[pool.submit(runner.run_point, i, kw, start)] = i
-            try:
-                while running:
-                    finished, _ = cf.wait(list(running), return_when=cf.FIRST_COMPLETED)
-                    for fut in finished:
-                        settle(fut, running.pop(fut))
-            except KeyboardInterrupt:
-                result.interrupted = True
-                runner.stop.set()
-                bar.write(f"[sweep] interrupted: the running points stop after their round in flight "
-                          f"(checkpointed); continue with --resume")
-                for fut in list(running):
-                    fut.cancel()
-                for fut in cf.as_completed([f for f in running if not f.cancelled()]):
-                    settle(fut, running.pop(fut))
-    finally:
-        bar.close()
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
+    result.interrupted = launcher.run(next_job, settle, stopping=" (checkpointed); continue with --resume")
     if not result.interrupted:
         _, result.files = _final_outputs(spec, rows, log)
-    result.files.insert(0, out / "sweep.parquet")
+    result.files.insert(0, parquet)
     return result
 
 

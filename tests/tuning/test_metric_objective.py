@@ -15,7 +15,7 @@ from tests.tuning.studies import study_dict, write_study
 
 optuna = pytest.importorskip("optuna")
 
-from tuning.runner import tune  # noqa: E402
+from tuning.driver import tune  # noqa: E402
 from tuning.study import load_study  # noqa: E402
 
 PLUGIN = '''

@@ -1,4 +1,5 @@
-"""tuning.runner: the metric tracker, concurrent trials on Ray, pruning, SIGKILL + resume, RDB storage.
+"""tuning.driver, tuning.objective and tuning.trial: the metric tracker, concurrent trials on Ray, pruning,
+SIGKILL + resume, RDB storage.
 
 Everything uses real Optuna storages (journal files) and real FL runs of FedProx on the embedded MNIST
 subset, kept tiny (20 IID clients, 2 per round, 1-2 rounds)."""
@@ -21,7 +22,8 @@ from tests.tuning.studies import base_config, study_dict, write_study
 
 optuna = pytest.importorskip("optuna")
 
-from tuning.runner import MetricTracker, StudyRunner, tune  # noqa: E402
+from tuning.driver import StudyRunner, tune  # noqa: E402
+from tuning.objective import MetricTracker  # noqa: E402
 from tuning.study import load_study, parse_study  # noqa: E402
 
 

@@ -11,7 +11,7 @@ from tests.tuning.studies import base_config, study_dict, write_study
 
 optuna = pytest.importorskip("optuna")
 
-from tuning.runner import make_pruner, session_seed  # noqa: E402
+from tuning.backend import make_pruner, session_seed  # noqa: E402
 from tuning.study import load_study, parse_study  # noqa: E402
 
 

@@ -1,0 +1,110 @@
+"""Optuna set-up of a study: its storage (a journal file or an RDB URL), sampler, pruner and session seed, and the
+little the driver reads back from Optuna (the budget's count, the best value so far). Optuna is imported here
+only inside functions: ``fedray --help`` builds ``fedray tune``'s parser without it."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+from fedray.config import ConfigError
+from tuning.space import StudySpec
+
+
+def mask_url(url: str) -> str:
+    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def is_url(storage: str) -> bool:
+    return "://" in storage
+
+
+def make_storage(storage: str):
+    """An Optuna storage from a URL (RDB: postgresql://, mysql://, sqlite:///) or a journal file path."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    if is_url(storage):
+        if "***@" in storage:
+            raise ConfigError(f"--storage: {storage!r} has a masked password; pass the full URL with --storage")
+        return optuna.storages.RDBStorage(storage)
+    path = Path(storage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
+def make_sampler(spec: StudySpec, seed: int):
+    import optuna
+
+    s = spec.sampler
+    if s.name == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=bool(s.options.get("multivariate", True)),
+                constant_liar=bool(s.options.get("constant_liar", True)),
+                n_startup_trials=int(s.options.get("n_startup_trials", 10)))
+    if s.name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.GridSampler({p.path: p.grid_values() for p in spec.params}, seed=seed)
+
+
+def make_pruner(spec: StudySpec):
+    import optuna
+
+    p = spec.pruner
+    if not spec.pruning:
+        return optuna.pruners.NopPruner()
+    o = dict(p.options)
+    patience = o.pop("patience", None)
+    if p.name == "hyperband":
+        pruner = optuna.pruners.HyperbandPruner(min_resource=int(o.get("min_resource", 1)),
+                                                max_resource=int(o.get("max_resource", spec.max_rounds())),
+                                                reduction_factor=int(o.get("reduction_factor", 3)))
+    else:
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=int(o.get("n_startup_trials", 5)),
+                                             n_warmup_steps=int(o.get("n_warmup_steps", 0)),
+                                             interval_steps=int(o.get("interval_steps", 1)),
+                                             n_min_trials=int(o.get("n_min_trials", 1)))
+    if patience is not None:
+        pruner = optuna.pruners.PatientPruner(pruner, patience=int(patience))
+    return pruner
+
+
+def session_seed(seed: int, n_existing: int) -> int:
+    """The sampler seed of a session: ``seed`` for a new study, derived from (seed, trials stored) after."""
+    if n_existing == 0:
+        return int(seed)
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(seed), int(n_existing)]).generate_state(1)[0])
+
+
+def budget(spec: StudySpec, log) -> int:
+    """Trials to finish over all sessions: ``budget.n_trials``, at most the grid's points."""
+    gs = spec.grid_size()
+    if gs is not None and gs < spec.n_trials:
+        log(f"[tune] grid sampler: budget limited to the {gs} grid points")
+        return gs
+    return spec.n_trials
+
+
+def counts_toward_budget(t) -> bool:
+    """Complete, pruned and failed trials count; the ones a stop or a dead driver left (re-run) do not."""
+    from optuna.trial import TrialState
+
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return t.state == TrialState.FAIL and not (t.user_attrs.get("orphaned") or t.user_attrs.get("interrupted"))
+
+
+def best_postfix(study, spec: StudySpec) -> dict:
+    """The progress bar's ``best=``: the best value so far (single objective), else the Pareto front's size."""
+    try:
+        if spec.multi_objective:
+            return {"pareto": len(study.best_trials)}
+        return {"best": f"{study.best_value:.4g}"}
+    except ValueError:  # no completed trial yet
+        return {}
