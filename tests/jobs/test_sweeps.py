@@ -43,3 +43,22 @@ def test_paper_sweeps_take_the_real_datasets_by_overrides(tmp_path):
                         overrides=["data.source=digit5", "data.root=/data", "data.partition.num_clients=5",
                                    "train.clients_per_round=5"])
     assert {from_dict(p.config).data.source for p in digit5.points} == {"digit5"}
+
+
+def test_scala_fashion_mnist_sweep_is_the_papers_protocol_seed_0_first(tmp_path):
+    """SCALA Tables 4/6 on Fashion-MNIST (jobs/sweeps/scala_fmnist.yaml): 11 methods x 4 skews x 3 seeds at §5.1's
+    protocol, every cell's seed 0 before any seed 1 (the runs take CPU-hours and accumulate over sessions)."""
+    spec = load_sweep(ROOT / "jobs" / "sweeps" / "scala_fmnist.yaml", output_dir=tmp_path / "s",
+                      overrides=[f"data.root={tmp_path}"])
+    assert len(spec.points) == 132 and [p.values["seed"] for p in spec.points] == [0] * 44 + [1] * 44 + [2] * 44
+    cfgs = [from_dict(p.config) for p in spec.points[:44]]
+    assert {c.algorithm.name for c in cfgs} == {"scala", "fedavg", "splitfed_v1", "splitfed_v2", "splitfed_v3",
+                                                  "sfl_local_loss", "fedprox", "feddyn", "feddecorr", "fedlogit", "fedla"}
+    assert {(c.data.partition.name, tuple(sorted(c.data.partition.params.items()))) for c in cfgs} == {
+        ("classes_per_client", (("classes", 2),)), ("classes_per_client", (("classes", 4),)),
+        ("dirichlet", (("alpha", 0.05),)), ("dirichlet", (("alpha", 0.1),))}
+    c = next(c for c in cfgs if c.algorithm.name == "scala")
+    assert (c.data.source, c.model.name, c.train.lr, c.train.clients_per_round, c.data.partition.num_clients,
+            c.algorithm.params["batch_size"], c.algorithm.params["local_iters"]) == \
+        ("fashion-mnist", "alexnet_split", 0.01, 10, 100, 320, 5)
+    assert not (tmp_path / "s").exists()
