@@ -210,3 +210,91 @@ def test_the_driver_boundary_check_finds_a_planted_torch_import(tmp_path, monkey
     monkeypatch.setitem(globals(), "_module_level_imports",
                         lambda path, mod: real(path, mod) | ({"torch"} if mod == "fedray.core.io" else set()))
     assert "torch" in _driver_closure()
+
+
+# ------------------------------------------------------------------- fedray, tuning and jobs as packages
+PACKAGES = ("fedray", "tuning", "jobs")
+#: fedray's front doors, above both fedray's library and tuning: the command line (`fedray tune`) and the Python API
+#: (`fedray.tune`). Only they may import tuning; nothing below them does.
+FRONT = ("fedray.cli", "fedray.__main__", "fedray.api")
+
+
+def _package_modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            out[_module_name(p)] = p
+    return out
+
+
+def _package_imports(mod: str, path: Path, modules: dict) -> set[str]:
+    """Every module of fedray, tuning or jobs that ``mod`` imports, at any depth of its code."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg
+                for _ in range(node.level - 1):
+                    up = up.rpartition(".")[0]
+                base = f"{up}.{base}" if base else up
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        for n in names:
+            target = _resolve(n, modules) if n.split(".")[0] in PACKAGES else None
+            if target and target != mod and not mod.startswith(target + "."):
+                out.add(target)
+    return out
+
+
+def _component(mod: str) -> str:
+    if mod in FRONT:
+        return "fedray (command line, Python API)"
+    return mod.split(".")[0]
+
+
+def _component_edges() -> dict[tuple[str, str], list[str]]:
+    """(importing component, imported component) -> the module imports that make the edge."""
+    modules = _package_modules()
+    edges: dict[tuple[str, str], list[str]] = {}
+    for mod, path in modules.items():
+        for target in _package_imports(mod, path, modules):
+            a, b = _component(mod), _component(target)
+            if a != b:
+                edges.setdefault((a, b), []).append(f"{mod} -> {target}")
+    return edges
+
+
+def test_fedray_below_its_front_doors_imports_neither_tuning_nor_jobs():
+    bad = {k: v for k, v in _component_edges().items() if k[0] == "fedray" and k[1] in ("tuning", "jobs")}
+    assert bad == {}
+
+
+def test_no_import_loop_between_the_packages():
+    """fedray's library, its front doors, tuning and jobs form no loop (imports inside functions count)."""
+    edges = _component_edges()
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    loops = _cycles(graph)
+    assert loops == [], {str(c): [m for (a, b), ms in edges.items() if a in c and b in c for m in ms[:3]]
+                         for c in loops}
+
+
+def test_the_package_loop_detector_finds_a_planted_loop():
+    edges = _component_edges()
+    graph: dict[str, set[str]] = {}
+    for a, b in [*edges, ("fedray", "tuning")]:
+        graph.setdefault(a, set()).add(b)
+    assert any("fedray" in c and "tuning" in c for c in _cycles(graph))
+
+
+def test_no_file_over_600_lines_in_fedray_tuning_and_jobs_nor_over_300_in_tuning():
+    limits = {"fedray": 600, "tuning": 300, "jobs": 600}
+    long = {str(p.relative_to(ROOT)): n for pkg, limit in limits.items() for p in (ROOT / pkg).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > limit}
+    assert long == {}

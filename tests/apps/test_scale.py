@@ -113,3 +113,24 @@ def test_shipped_scale_files_are_valid(name):
 
     spec = load_scale(Path(__file__).resolve().parents[2] / "jobs" / "configs" / name)
     assert spec.points and spec.rounds >= 1
+
+
+def test_scale_command_line_takes_overrides_and_dry_run(tmp_path, partition_cache, capsys):
+    """`fedray scale` has the shape of every batch command: a.b=c overrides of the base experiment anywhere on the
+    line (after the file's own), --dry-run lists the points and writes nothing."""
+    import yaml
+
+    from fedray.apps.scale import load_scale
+    from fedray.cli import main as cli
+
+    path = tmp_path / "scale.yaml"
+    path.write_text(yaml.safe_dump({"name": "tiny", "rounds": 2, "output": str(tmp_path / "out"),
+                                    "experiment": _synthetic_experiment(tmp_path, partition_cache),
+                                    "overrides": ["train.lr=0.2"], "sweep": {"clients_per_round": [5, 10]}}))
+    spec = load_scale(path, overrides=["train.lr=0.01", "seed=4"])
+    assert spec.base["train"]["lr"] == 0.01 and spec.base["seed"] == 4
+    assert cli(["scale", "--dry-run", str(path), "train.lr=0.01", "--output-dir", str(tmp_path / "o2")]) == 0
+    text = capsys.readouterr().out
+    assert "2 points x 2 rounds -> " + str(tmp_path / "o2") in text and not (tmp_path / "o2").exists()
+    assert cli(["scale", str(path), "train.lrr=1", "--dry-run"]) == 2
+    assert "fedray scale: error: train.lrr" in capsys.readouterr().err
