@@ -71,7 +71,7 @@ class RunOutcome:
 
     key: Any
     status: str
-    config: ExperimentConfig | None
+    config: ExperimentConfig | None  # None for a run continued from its directory (Job.resume)
     run_dir: Path | None
     error: str | None = None  # a failed run's error, its first line (the traceback is in the run's log)
     result: RunResult | None = None
@@ -144,7 +144,7 @@ class Launcher:
     def __init__(self, concurrency: int, *, tag: str, total: int, unit: str, initial: int = 0, desc: str | None = None,
                  log=print):
         self.concurrency = max(1, int(concurrency))
-        self.stop = threading.Event()
+        self._stop = threading.Event()  # set by Ctrl-C / SIGTERM: no run starts, the running ones stop
         self.bar = ProgressBar(total, unit, desc=desc, initial=initial, log=log)
         self.tag, self.unit = tag, unit
 
@@ -160,31 +160,31 @@ class Launcher:
         """Run until ``next_job()`` (asked whenever a run may start) gives None and no run is left; each outcome goes
         to ``on_outcome`` as the run ends. Returns True when Ctrl-C or SIGTERM stopped the batch (``stopping`` is
         said then, after how many runs are stopping)."""
-        running: dict[cf.Future, Job] = {}
+        running: set[cf.Future] = set()
         interrupted = False
         try:
             with _sigterm_interrupts(), \
                     cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"fedray-{self.unit}") as pool:
                 try:
                     while True:
-                        while len(running) < self.concurrency and not self.stop.is_set():
+                        while len(running) < self.concurrency and not self._stop.is_set():
                             job = next_job()
                             if job is None:
                                 break
-                            running[pool.submit(self._run, job)] = job
+                            running.add(pool.submit(self._run, job))
                         if not running:
                             break
-                        finished, _ = cf.wait(list(running), return_when=cf.FIRST_COMPLETED)
+                        finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
                         for fut in finished:
-                            del running[fut]
+                            running.discard(fut)
                             on_outcome(fut.result())
                 except KeyboardInterrupt:
                     interrupted = True
-                    self.stop.set()
+                    self._stop.set()
                     self.say(f"[{self.tag}] interrupted: {len(running)} running {self.unit}(s) stop after their "
                              f"round in flight{stopping}")
                     for fut in cf.as_completed(list(running)):
-                        del running[fut]
+                        running.discard(fut)
                         on_outcome(fut.result())
         finally:
             self.bar.close()
@@ -196,7 +196,7 @@ class Launcher:
 
         def on_round(report: dict) -> bool:
             stop = bool(job.on_round(report)) if job.on_round is not None else False
-            if self.stop.is_set():
+            if self._stop.is_set():
                 by_batch.set()
                 return True
             return stop
