@@ -4,19 +4,21 @@ A round program hands the scheduler :class:`Task` s (a list of clients for one w
 function that submits a task to a worker; the scheduler keeps the idle workers and the tasks in flight,
 replaces a worker whose process died, retries or drops clients, writes one :class:`LedgerRow` per failed
 attempt (and per success when asked), and hands every successful client outcome to the program.
-What to do with a failure is decided in one place, :class:`FailurePolicy`, as a :class:`FailureDecision`.
+What to do with a failure is decided in one place, :class:`FailurePolicy`, as a :class:`FailureDecision`
+(retry, drop, accept the round's result, abort the round or the run). How a task's result and its worker's
+death are taken in is one of three :class:`OutcomeStrategy` s, chosen per task:
 
-- **Federated tasks** (``atomic=False``): a client that raises is retried alone; after
+- **Federated tasks** (``atomic=False``, :class:`IndependentClients`): a client that raises is retried alone; after
   ``engine.max_client_retries`` failed attempts it is dropped (the program's fold skips it). A lost
   worker counts as a failed attempt of each client of its task; the survivors are resubmitted together
   (multi-client groups keep their members).
-- **Fold groups** (``Task.group``, ``engine.fold_group > 1``): the worker returns one partial sum for the
+- **Fold groups** (``Task.group``, ``engine.fold_group > 1``, :class:`FoldGroups`): the worker returns one partial sum for the
   task's clients, so a client that raises sends the whole group again (its members in sampled order);
   after ``engine.max_client_retries`` failed attempts it is dropped and the group runs once more without
   it (deterministic: the partial sum is over the surviving members, in sampled order).
 - **Items that cannot be dropped** (``FailurePolicy(can_drop=False)`` on non-atomic tasks, e.g. evaluation
   shards) are retried like clients and abort the round after ``engine.max_client_retries`` failed attempts.
-- **Split tasks** (``atomic=True``): a worker holds its clients' state for the whole round, so a failure
+- **Split tasks** (``atomic=True``, :class:`PinnedReplay`; its policy never drops): a worker holds its clients' state for the whole round, so a failure
   resubmits the worker's whole task (pinned to that worker, flagged ``replay``). A client cannot be
   dropped half-way through a round: more than ``max_client_retries`` failures abort the round.
 - A lost worker's slot is given back to the pool (``pool.replace``): the in-process pool replaces it in place;
@@ -61,6 +63,7 @@ __all__ = ["FailureDecision", "FailurePolicy", "RoundAborted", "RunAborted", "Ta
 class FailureDecision(enum.Enum):
     RETRY = "retry"  # run the client (or its task) again
     DROP = "drop"  # give the client up for this round; the fold skips it
+    ACCEPT = "accept"  # the round's result stands with what the failures left
     ABORT_ROUND = "abort_round"  # the round cannot produce a result
     ABORT_RUN = "abort_run"  # the run cannot go on
 
@@ -92,10 +95,10 @@ class FailurePolicy:
         return FailureDecision.DROP if self.can_drop else FailureDecision.ABORT_ROUND
 
     def round_dropped(self, dropped: int, sampled: int) -> FailureDecision:
-        """``dropped`` of the round's ``sampled`` clients were dropped: can the round's result stand?"""
+        """``dropped`` of the round's ``sampled`` clients were dropped: can the round's result stand (ACCEPT)?"""
         if dropped and (dropped >= sampled or dropped > self.max_dropped_fraction * sampled):
             return FailureDecision.ABORT_RUN
-        return FailureDecision.RETRY
+        return FailureDecision.ACCEPT
 
     def worker_lost(self, restarts: int) -> FailureDecision:
         """A worker died; ``restarts`` workers were already replaced in this round."""
@@ -134,6 +137,8 @@ class TaskScheduler:
 
     def __init__(self, pool, policy: FailurePolicy, rnd: int, *, atomic: bool = False, record_success: bool = True,
                  faults=None, depth: int | None = None):
+        if atomic:  # a client cannot be dropped half-way through a split round: the policy aborts instead
+            policy = replace(policy, can_drop=False)
         self.pool, self.policy, self.rnd = pool, policy, int(rnd)
         self.faults = faults  # a FaultInjector (engine.fault_injection: coordinator_exit) or None
         self.atomic, self.record_success = atomic, record_success
@@ -203,12 +208,7 @@ class TaskScheduler:
                 self.receive_seconds += time.perf_counter() - t_get
                 if self.faults is not None:  # mid-round: tasks dispatched, nothing of this one folded yet
                     self.faults.coordinator(self.rnd)
-                if self.atomic:
-                    self._atomic_outcomes(widx, task, outs, on_outcome, label)
-                elif task.group:
-                    self._group_outcome(task, outs, on_outcome, on_drop)
-                else:
-                    self._outcomes(outs, on_outcome, on_drop)
+                self._strategy(task).take(self, widx, task, outs, on_outcome, on_drop, label)
 
     def cancel_rest(self) -> int:
         """Cancel what is still queued or running; returns the number of clients not finished."""
@@ -235,6 +235,12 @@ class TaskScheduler:
         return [r.as_dict() for r in self.ledger]
 
     # ----------------------------------------------------------------------------------------------
+    def _strategy(self, task: Task) -> OutcomeStrategy:
+        """How ``task``'s result and its worker's death are taken in (module docstring)."""
+        if self.atomic:
+            return PINNED_REPLAY
+        return FOLD_GROUP if task.group else INDEPENDENT
+
     def _may_restart(self) -> bool:
         return self.policy.worker_lost(self.worker_restarts) is FailureDecision.RETRY
 
@@ -360,68 +366,96 @@ class TaskScheduler:
         for item in task.items:
             self._failure_row(item[1], f"worker lost{label}: {err}", worker=name,
                               attempt=self.attempts[int(item[1])] + 1)
-        if self.atomic:  # the worker's clients are rebuilt and replayed together; no client is charged
-            self.retries += 1
-            self.push(replace(task, worker=widx if task.worker is None else task.worker, replay=True))
-            return
-        again = tuple(item for item in task.items if self._client_failed(int(item[0]), int(item[1]), on_drop))
-        if again:  # one task again, so multi-client groups (and fold groups) keep their members
-            self.push(replace(task, items=again))
+        self._strategy(task).lost(self, widx, task, on_drop)
 
-    def _outcomes(self, outs, on_outcome, on_drop) -> None:
-        for out in outs:
-            attempt = self.attempts[out.cid] + 1
+
+class OutcomeStrategy:
+    """How the scheduler takes in a task's result (:meth:`take`) and the death of the worker that ran it
+    (:meth:`lost`, after the failure rows are written); every decision is the policy's."""
+
+    def take(self, sched: TaskScheduler, widx: int, task: Task, result, on_outcome, on_drop, label: str) -> None:
+        raise NotImplementedError
+
+    def lost(self, sched: TaskScheduler, widx: int, task: Task, on_drop) -> None:
+        """Each client of the task is charged a failed attempt; those the policy retries run again as one task,
+        so multi-client groups (and fold groups) keep their members."""
+        again = tuple(item for item in task.items if sched._client_failed(int(item[0]), int(item[1]), on_drop))
+        if again:
+            sched.push(replace(task, items=again))
+
+    @staticmethod
+    def success_row(sched: TaskScheduler, out) -> None:
+        if sched.record_success:
+            sched.ledger.append(LedgerRow(client=int(out.cid), round=sched.rnd, samples=int(out.num_samples),
+                                          loss=float(out.loss), seconds=float(out.seconds), worker=out.worker,
+                                          failure=None, attempt=sched.attempts[out.cid] + 1))
+
+
+class IndependentClients(OutcomeStrategy):
+    """Federated tasks: every client's outcome on its own; a client that raises is retried alone, then dropped."""
+
+    def take(self, sched, widx, task, result, on_outcome, on_drop, label) -> None:
+        for out in result:
             if out.error is not None:
-                self._fatal(out)
-                self._failure_row(out.cid, out.error.splitlines()[0], worker=out.worker, seconds=out.seconds,
-                                  attempt=attempt)
-                if self._client_failed(out.pos, out.cid, on_drop):
-                    self.push(Task(((out.pos, out.cid),)))
+                sched._fatal(out)
+                sched._failure_row(out.cid, out.error.splitlines()[0], worker=out.worker, seconds=out.seconds,
+                                   attempt=sched.attempts[out.cid] + 1)
+                if sched._client_failed(out.pos, out.cid, on_drop):
+                    sched.push(Task(((out.pos, out.cid),)))
                 continue
-            if self.record_success:
-                self.ledger.append(LedgerRow(client=int(out.cid), round=self.rnd, samples=int(out.num_samples),
-                                             loss=float(out.loss), seconds=float(out.seconds), worker=out.worker,
-                                             failure=None, attempt=attempt))
+            self.success_row(sched, out)
             on_outcome(out)
 
-    def _group_outcome(self, task: Task, res, on_outcome, on_drop) -> None:
-        """A fold group's result (:class:`~fedray.engine.outcomes.GroupOutcome`): all members succeeded, or
-        the group runs again (without the members dropped now)."""
-        bad = [o for o in res.members if o.error is not None]
+
+class FoldGroups(OutcomeStrategy):
+    """``engine.fold_group`` tasks: one partial sum (:class:`~fedray.engine.outcomes.GroupOutcome`) when every
+    member succeeded, else the group runs again, without the members the policy drops now."""
+
+    def take(self, sched, widx, task, result, on_outcome, on_drop, label) -> None:
+        bad = [o for o in result.members if o.error is not None]
         if not bad:
-            if self.record_success:
-                for o in res.members:
-                    self.ledger.append(LedgerRow(client=int(o.cid), round=self.rnd, samples=int(o.num_samples),
-                                                 loss=float(o.loss), seconds=float(o.seconds), worker=o.worker,
-                                                 failure=None, attempt=self.attempts[o.cid] + 1))
-            on_outcome(res)
+            for o in result.members:
+                self.success_row(sched, o)
+            on_outcome(result)
             return
         failed = set()
         for o in bad:
-            self._fatal(o)
-            self._failure_row(o.cid, o.error.splitlines()[0], worker=o.worker, seconds=o.seconds,
-                              attempt=self.attempts[o.cid] + 1)
+            sched._fatal(o)
+            sched._failure_row(o.cid, o.error.splitlines()[0], worker=o.worker, seconds=o.seconds,
+                               attempt=sched.attempts[o.cid] + 1)
             failed.add(int(o.cid))
         again = tuple(it for it in task.items
-                      if int(it[1]) not in failed or self._client_failed(int(it[0]), int(it[1]), on_drop))
+                      if int(it[1]) not in failed or sched._client_failed(int(it[0]), int(it[1]), on_drop))
         if again:
-            self.push(replace(task, items=again))
+            sched.push(replace(task, items=again))
 
-    def _atomic_outcomes(self, widx: int, task: Task, outs, on_outcome, label: str) -> None:
-        bad = [o for o in outs if o.error is not None]
+
+class PinnedReplay(OutcomeStrategy):
+    """Split tasks (``atomic``): the worker holds its clients' state for the round, so any failure replays its
+    whole task, pinned to it; past its retries a client aborts the round (the policy cannot drop it)."""
+
+    def take(self, sched, widx, task, result, on_outcome, on_drop, label) -> None:
+        bad = [o for o in result if o.error is not None]
         if not bad:
-            for o in outs:
+            for o in result:
                 on_outcome(o)
             return
         for o in bad:
-            self._fatal(o)
-            self.attempts[o.cid] += 1
-            n = self.attempts[o.cid]
-            self._failure_row(o.cid, o.error.splitlines()[0], worker=o.worker, seconds=o.seconds, attempt=n)
-            if self.policy.client_failed(n) is not FailureDecision.RETRY:
+            sched._fatal(o)
+            sched.attempts[o.cid] += 1
+            n = sched.attempts[o.cid]
+            sched._failure_row(o.cid, o.error.splitlines()[0], worker=o.worker, seconds=o.seconds, attempt=n)
+            if sched.policy.client_failed(n) is FailureDecision.ABORT_ROUND:
                 raise RoundAborted(
-                    f"round {self.rnd}: client {o.cid} failed {n} times{label} "
-                    f"(engine.max_client_retries={self.policy.max_client_retries}); a split round cannot drop a "
+                    f"round {sched.rnd}: client {o.cid} failed {n} times{label} "
+                    f"(engine.max_client_retries={sched.policy.max_client_retries}); a split round cannot drop a "
                     f"client mid-round. Last error: {o.error}")
-        self.retries += 1
-        self.push(replace(task, worker=widx if task.worker is None else task.worker, replay=True))
+        self.lost(sched, widx, task, on_drop)
+
+    def lost(self, sched, widx, task, on_drop) -> None:
+        """The worker's clients are rebuilt and replayed together; no client is charged for a lost worker."""
+        sched.retries += 1
+        sched.push(replace(task, worker=widx if task.worker is None else task.worker, replay=True))
+
+
+INDEPENDENT, FOLD_GROUP, PINNED_REPLAY = IndependentClients(), FoldGroups(), PinnedReplay()
