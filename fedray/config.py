@@ -49,6 +49,8 @@ class DataConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     normalize: bool = True  # (x/255 - mean)/std with the dataset statistics
     cache_dir: str | None = None  # where partitions (manifest + shards) live; default <output.root>/_partitions
+    download: bool = False  # fetch the source's files into data.root when its layout is missing (fedray/data/fetch.py)
+    mirrors: list[str] = field(default_factory=list)  # base URLs data.download tries first, then $FEDRAY_DATA_MIRRORS
 
 
 @dataclass
@@ -93,6 +95,17 @@ class TrainConfig:
     grad_clip: float | None = None  # max gradient norm
     augment: Any = None  # None | list of ops | dict (see fedray.data.loader.Augment.from_spec)
     drop_last: bool = False
+
+
+def lr_factor(train, rnd: int) -> float:
+    """The per-round decay of every learning rate of round ``rnd`` (1-based): ``train.lr_decay ** (rnd - 1)``."""
+    return float(train.lr_decay) ** (rnd - 1)
+
+
+def round_lr(train, rnd: int) -> float:
+    """The client learning rate of round ``rnd``: ``train.lr`` decayed per round (:func:`lr_factor`). The one rule
+    the clients' optimizers, the split server and the round report all use."""
+    return float(train.lr) * lr_factor(train, rnd)
 
 
 @dataclass
@@ -235,6 +248,7 @@ _HASH_EXCLUDE = {
     "engine.max_worker_restarts",
     "engine.max_dropped_fraction",
     "data.cache_dir",
+    "data.download", "data.mirrors",  # where the files came from changes no number (the source fingerprint names them)
 }
 
 
@@ -401,7 +415,8 @@ def anchor_to_file(data: dict, path: str | Path) -> dict:
     data = copy.deepcopy(data)
     here = Path(path).resolve().parent
     root = (data.get("data") or {}).get("root") if isinstance(data.get("data"), dict) else None
-    if isinstance(root, str) and not os.path.isabs(os.path.expanduser(root)) and (here / root).exists():
+    if isinstance(root, str) and not os.path.isabs(os.path.expanduser(root)) and (
+            (here / root).exists() or data["data"].get("download") is True):  # or the root a download creates
         data["data"]["root"] = str(here / root)
     plugins = data.get("plugins")
     if plugins:
@@ -579,4 +594,5 @@ def dump_config(cfg: ExperimentConfig) -> str:
             del d[k]
     if not d["eval"]["metrics"]:  # nor one without extra metrics
         del d["eval"]["metrics"]
+    d["data"] = {k: v for k, v in d["data"].items() if (k, v) not in (("download", False), ("mirrors", []))}  # nor these
     return yaml.safe_dump(d, sort_keys=False)

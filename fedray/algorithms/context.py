@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from fedray.config import round_lr
 from fedray.core.seeds import PURPOSES
 
 __all__ = ["ClientContext", "ClientHints", "ClientUpdate"]
@@ -70,7 +71,7 @@ class ClientContext:
         return g
 
     def lr(self) -> float:
-        return float(self.train.lr) * float(self.train.lr_decay) ** (self.rnd - 1)
+        return round_lr(self.train, self.rnd)
 
 
 @dataclass

@@ -52,12 +52,13 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from fedray.engine.outcomes import WorkerLost
 from fedray.engine.round_report import LedgerRow
 
-__all__ = ["FailureDecision", "FailurePolicy", "RoundAborted", "RunAborted", "Task", "TaskScheduler", "live_workers"]
+__all__ = ["ClientItem", "FailureDecision", "FailurePolicy", "GroupItem", "RoundAborted", "RunAborted", "SplitItem", "Task",
+           "TaskScheduler", "live_workers"]
 
 
 class FailureDecision(enum.Enum):
@@ -114,9 +115,34 @@ def live_workers(pool, rnd: int) -> list[int]:
     return pool.slots
 
 
+class ClientItem(NamedTuple):
+    """One client of a task: its position in the round's sampled order and its id (an evaluation shard: its
+    index twice)."""
+
+    pos: int
+    cid: int
+
+
+class GroupItem(NamedTuple):
+    """One client of an ``engine.fold_group`` task, with its coefficient ``a_k`` in the round's weighted sum."""
+
+    pos: int
+    cid: int
+    coefficient: float
+
+
+class SplitItem(NamedTuple):
+    """One client of a split task, with its share ``B_k`` of the round's batch."""
+
+    pos: int
+    cid: int
+    batch: int
+
+
 @dataclass(frozen=True)
 class Task:
-    """Clients for one worker call: ``items[i] = (sampled position, client id, ...)``."""
+    """Clients for one worker call (:class:`ClientItem`, :class:`GroupItem` or :class:`SplitItem`: typed tuples,
+    so a worker unpacks them as ``pos, cid[, a_k | B_k]``)."""
 
     items: tuple
     worker: int | None = None  # pinned to this worker (split: it holds these clients' state)
@@ -401,7 +427,7 @@ class IndependentClients(OutcomeStrategy):
                 sched._failure_row(out.cid, out.error.splitlines()[0], worker=out.worker, seconds=out.seconds,
                                    attempt=sched.attempts[out.cid] + 1)
                 if sched._client_failed(out.pos, out.cid, on_drop):
-                    sched.push(Task(((out.pos, out.cid),)))
+                    sched.push(Task((ClientItem(out.pos, out.cid),)))
                 continue
             self.success_row(sched, out)
             on_outcome(out)

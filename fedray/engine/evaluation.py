@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler
+from fedray.engine.dispatch import ClientItem, FailurePolicy, Task, TaskScheduler
 from fedray.engine.outcomes import EvalOutcome, error_text, is_fatal
 from fedray.metrics import evaluate_batches, reduce_evaluation
 
@@ -74,7 +74,7 @@ class ShardedEvaluation:
             self._test_ref = self.pool.put(self.test)
         w_ref = self.pool.put(np.ascontiguousarray(weights, dtype=np.float32))
         per_task = max(1, math.ceil(len(shards) / (2 * max(1, self.pool.size))))
-        tasks = [Task(tuple((p, p) for p in range(i, min(i + per_task, len(shards)))))
+        tasks = [Task(tuple(ClientItem(p, p) for p in range(i, min(i + per_task, len(shards)))))
                  for i in range(0, len(shards), per_task)]
         e = self.cfg.engine
         policy = FailurePolicy(int(e.max_client_retries), int(e.max_worker_restarts), can_drop=False)

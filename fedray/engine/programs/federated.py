@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler, live_workers
+from fedray.config import round_lr
+from fedray.engine.dispatch import ClientItem, FailurePolicy, Task, TaskScheduler, live_workers
 from fedray.engine.fold import OrderedFold
 from fedray.engine.round_report import ClientTally, RoundResult
 from fedray.engine.programs.fold_group import train_groups
@@ -103,7 +104,7 @@ class FederatedProgram:
             "round": rnd, "num_clients": agg["num_clients"], "num_samples": agg["num_samples"], "loss": agg["loss"],
             "dropped": agg["dropped"], "retries": agg["retries"], "worker_restarts": agg["worker_restarts"],
             "stragglers_cancelled": agg["cancelled"], "receive_seconds": agg["receive_seconds"],
-            "lr": float(cfg.train.lr) * float(cfg.train.lr_decay) ** (rnd - 1),
+            "lr": round_lr(cfg.train, rnd),
             "bytes": {"broadcast": int(bw.nbytes) * len(sampled),
                       "upload": int(bw.nbytes) * agg.get("uploads", agg["num_clients"])},
         }
@@ -147,7 +148,7 @@ class FederatedProgram:
 
         sched = TaskScheduler(self.pool, FailurePolicy.from_engine(e), rnd, faults=self.faults)
         # longest first, except when the first to finish are kept (stragglers): then in sampled order
-        tasks = [Task(tuple((p, sampled[p]) for p in ps), cost=0.0 if collect_all else self.samples(sampled, ps))
+        tasks = [Task(tuple(ClientItem(p, sampled[p]) for p in ps), cost=0.0 if collect_all else self.samples(sampled, ps))
                  for ps in (range(i, min(i + chunk, k)) for i in range(0, k, chunk))]
         deadline = time.perf_counter() + e.round_deadline_s if e.round_deadline_s is not None else None
         sched.run(tasks, lambda widx, task: self.pool.submit(widx, "run_clients", rnd, w_ref, p_ref, list(task.items),

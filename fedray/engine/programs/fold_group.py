@@ -27,7 +27,7 @@ import time
 
 from fedray.algorithms import algorithm_of
 from fedray.core.errors import ConfigError
-from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler
+from fedray.engine.dispatch import FailurePolicy, GroupItem, Task, TaskScheduler
 from fedray.engine.fold import OrderedFold
 from fedray.engine.round_report import ClientTally
 
@@ -88,7 +88,7 @@ def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dic
             folded(fold.skip(gi))
 
     sched = TaskScheduler(prog.pool, FailurePolicy.from_engine(e), rnd, faults=prog.faults)
-    tasks = [Task(tuple((p, sampled[p], clients.coefficient(p)) for p in grp), group=True,
+    tasks = [Task(tuple(GroupItem(p, sampled[p], clients.coefficient(p)) for p in grp), group=True,
                   cost=prog.samples(sampled, grp)) for grp in groups]
     sched.run(tasks, lambda widx, task: prog.pool.submit(widx, "run_group", rnd, w_ref, p_ref, list(task.items), hints),
               on_outcome, on_drop=on_drop, may_start=lambda task: task.first // g < fold.next + window)

@@ -32,8 +32,9 @@ import numpy as np
 import torch
 
 from fedray.algorithms.split import SplitBatch
+from fedray.config import lr_factor
 from fedray.core.seeds import SERVER_STREAM, seed_of
-from fedray.engine.dispatch import FailurePolicy, Task, TaskScheduler, live_workers
+from fedray.engine.dispatch import FailurePolicy, SplitItem, Task, TaskScheduler, live_workers
 from fedray.engine.fold import OrderedFold
 from fedray.engine.outcomes import SplitOutcome
 from fedray.engine.programs.split_server import SplitServer
@@ -102,7 +103,7 @@ class SplitProgram:
         bks = batch_sizes(sizes, shape.batch_size)
         slots = live_workers(self.pool, rnd)  # a pool that lost workers has fewer, not always 0..n-1
         assignment = assign_clients(bks, len(slots))
-        items_of = {slots[w]: [(p, int(sampled[p]), int(bks[p])) for p in ps] for w, ps in assignment.items()}
+        items_of = {slots[w]: [SplitItem(p, int(sampled[p]), int(bks[p])) for p in ps] for w, ps in assignment.items()}
         secs["sample"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -112,7 +113,7 @@ class SplitProgram:
             aux = self.init_aux()
         init = self.layout.client_vector(weights, aux if self.aux_size else None)
         payload = dict(algo.broadcast(rnd, weights, state))
-        decay = float(cfg.train.lr_decay) ** (rnd - 1)
+        decay = lr_factor(cfg.train, rnd)
         s_train, s_fixed = self.layout.server_vectors(weights)
         client_w = [algo.client_weight(int(s)) for s in sizes]
         self.server.begin_round(rnd, s_train, s_fixed, algo.server_lr(float(cfg.train.lr)) * decay,
