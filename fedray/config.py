@@ -20,7 +20,6 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser from PyPI
     import tomli as tomllib
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import yaml
 from fedray.config_paths import set_path, split_path
 from fedray.core.errors import ConfigError  # defined in the floor package; importable from here as ever
 from fedray.core.params import ParamSpec, check_value
+from fedray.core.typed import build_dataclass
 from fedray.core.yaml_io import yaml_load
 
 
@@ -252,78 +252,6 @@ _HASH_EXCLUDE = {
 }
 
 
-def _resolve_hints(cls):
-    return typing.get_type_hints(cls)
-
-
-def _check_type(path: str, value: Any, hint: Any) -> Any:
-    """Validate (and lightly coerce: int -> float) one value against a type hint."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if hint is Any:
-        return value
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _check_type(path, value, a)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{path}: invalid value {value!r}")
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
-        return dict(value)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true/false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, got {type(value).__name__} {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, got {type(value).__name__} {value!r}")
-        return value
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, path)
-    return value
-
-
-def _build(cls, data: Any, prefix: str = ""):
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
-    hints = _resolve_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        where = prefix or "config"
-        raise ConfigError(
-            f"{(prefix + '.' if prefix else '') + unknown[0]}: unknown field in {where} (known: {', '.join(sorted(names))})"
-        )
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            p = f"{prefix}.{f.name}" if prefix else f.name
-            kwargs[f.name] = _check_type(p, data[f.name], hints[f.name])
-    return cls(**kwargs)
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"a.b=c"`` -> (``["a", "b"]``, the value ``c`` parsed as YAML)."""
     if "=" not in text:
@@ -374,7 +302,7 @@ def from_dict(data: dict, *, source_path: str | None = None, validate: bool = Tr
     ``base_dir``, by default the directory of ``source_path``)."""
     data = dict(data)
     data.pop("source_path", None)
-    cfg = _build(ExperimentConfig, data)
+    cfg = build_dataclass(ExperimentConfig, data)
     cfg.source_path = source_path
     if cfg.server.lr is None:
         cfg.server.lr = DEFAULT_SERVER_LR.get(cfg.server.name, 1.0)
@@ -440,7 +368,15 @@ def _positive(path: str, value, allow_zero=False):
 
 
 def validate_config(cfg: ExperimentConfig) -> None:
-    """Checks that do not need the data or the registries loaded (those run in engine.runner.setup_run)."""
+    """Checks that do not need the data or the registries loaded (those run in engine.setup.setup_run), section
+    by section, in this order: train and data, eval, engine, output."""
+    _validate_train_data(cfg)
+    _validate_eval(cfg)
+    _validate_engine(cfg.engine)
+    _validate_output(cfg.output)
+
+
+def _validate_train_data(cfg: ExperimentConfig) -> None:
     t = cfg.train
     p = cfg.data.partition
     _positive("train.rounds", t.rounds)
@@ -479,6 +415,9 @@ def validate_config(cfg: ExperimentConfig) -> None:
     _positive("seed", cfg.seed, allow_zero=True)
     if p.seed is not None:
         _positive("data.partition.seed", p.seed, allow_zero=True)
+
+
+def _validate_eval(cfg: ExperimentConfig) -> None:
     _positive("eval.every", cfg.eval.every)
     if not 0 <= cfg.eval.ema < 1:
         raise ConfigError(f"eval.ema: must be in [0, 1), got {cfg.eval.ema!r}")
@@ -491,7 +430,9 @@ def validate_config(cfg: ExperimentConfig) -> None:
         from fedray.metrics.robustness import validate_adversarial_spec
 
         validate_adversarial_spec(cfg.eval.adversarial)
-    e = cfg.engine
+
+
+def _validate_engine(e: EngineConfig) -> None:
     if e.backend not in ("ray", "local"):
         raise ConfigError(f"engine.backend: must be 'ray' or 'local', got {e.backend!r}")
     _positive("engine.num_workers", e.num_workers)
@@ -524,9 +465,11 @@ def validate_config(cfg: ExperimentConfig) -> None:
                           "coordinator is the driver process)")
     if e.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")
-    _positive("output.checkpoint_every", cfg.output.checkpoint_every, allow_zero=True)
-    _positive("output.keep_checkpoints", cfg.output.keep_checkpoints)
-    o = cfg.output
+
+
+def _validate_output(o: OutputConfig) -> None:
+    _positive("output.checkpoint_every", o.checkpoint_every, allow_zero=True)
+    _positive("output.keep_checkpoints", o.keep_checkpoints)
     if o.wandb.mode not in WANDB_MODES:
         raise ConfigError(f"output.wandb.mode: must be {' or '.join(WANDB_MODES)}, got {o.wandb.mode!r}")
     for path, value in (("output.mlflow.experiment", o.mlflow.experiment), ("output.wandb.project", o.wandb.project)):

@@ -427,16 +427,20 @@ def finch(
         if reduced_by_one:
             break  # level kept, recursion stops (the reference's `while exit_clust > 1`)
 
-    req_partition = None
-    if req is not None:
-        if req > counts[0]:
-            req_partition = partitions[0].copy()
-        elif req in counts:
-            req_partition = partitions[counts.index(req)].copy()
-        else:
-            start = max(i for i, c in enumerate(counts) if c >= req)
-            req_partition = _merge_to(arr, partitions[start], req, distance)
-    return FinchResult(partitions, counts, req_partition, req, distance)
+    return FinchResult(partitions, counts, _requested(arr, partitions, counts, req, distance), req, distance)
+
+
+def _requested(arr: np.ndarray, partitions: list, counts: list, req: int | None, distance: str):
+    """The ``req_clust`` partition: the first one when ``req`` exceeds its clusters, the partition with exactly
+    ``req`` clusters when there is one, else the coarsest partition above ``req`` merged down to it."""
+    if req is None:
+        return None
+    if req > counts[0]:
+        return partitions[0].copy()
+    if req in counts:
+        return partitions[counts.index(req)].copy()
+    start = max(i for i, c in enumerate(counts) if c >= req)
+    return _merge_to(arr, partitions[start], req, distance)
 
 
 def finch_means(

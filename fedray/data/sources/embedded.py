@@ -98,6 +98,49 @@ def _digits(root, *, size) -> DataBundle:
 _SYN_CHUNK_CLIENTS = 2048  # clients drawn per generator chunk (part of the definition: fixed)
 
 
+def _synthetic_sizes(src: str, k: int, seed: int, mean_n, sigma: float, min_n: int, cap, max_total: int) -> np.ndarray:
+    """The Synthetic clients' sizes (:func:`_synthetic`): floor(lognormal(mu, sigma)) + min_samples from the stream
+    ``[seed, 0, 0]``, capped; refused when the cap is below the minimum, the mean at or below it, or the total
+    above ``max_total``."""
+    if cap is not None and cap < min_n:
+        raise _err(src, f"max_samples_per_client={cap} is below min_samples={min_n}")
+    if mean_n is None:
+        mu = 4.0
+    else:
+        if mean_n <= min_n:
+            raise _err(src, f"samples_per_client_mean={mean_n:g} must exceed min_samples={min_n} "
+                            f"(sizes are min_samples + a lognormal draw); lower min_samples")
+        mu = math.log(mean_n - min_n) - sigma**2 / 2
+    sizes = np.floor(np.random.default_rng([seed, 0, 0]).lognormal(mu, sigma, k)).astype(np.int64) + min_n
+    if cap is not None:
+        np.minimum(sizes, cap, out=sizes)
+    total = int(sizes.sum())
+    if total > max_total:
+        raise _err(src, f"{k} clients would hold {total:,} samples, above max_total_samples={max_total:,}; "
+                        f"set samples_per_client_mean / max_samples_per_client lower or raise max_total_samples")
+    return sizes
+
+
+def _synthetic_client_models(xs, ys, sz, loc, gens, b_dev, u, d: int, c: int) -> None:
+    """One chunk of non-IID Synthetic clients, in place: each client's rows of ``xs`` shifted by its v_k, and its
+    labels ``ys`` the argmax of its own model W_k, b_k (``gens``: the chunk's v, W and b generators, each drawn
+    for the chunk's clients at once, in this order, as :func:`_synthetic` documents)."""
+    g_v, g_w, g_b = gens
+    nc = len(sz)
+    v = g_v.standard_normal((nc, d), dtype=np.float32) + b_dev[:, None].astype(np.float32)
+    w = g_w.standard_normal((nc, d, c), dtype=np.float32) + u[:, None, None].astype(np.float32)
+    b = g_b.standard_normal((nc, c), dtype=np.float32) + u[:, None].astype(np.float32)
+    with _single_thread_blas():  # small products: BLAS threads only add contention
+        for n_k in np.unique(sz):  # clients of equal size form one batched product
+            cl = np.flatnonzero(sz == n_k)
+            rows = loc[cl, None] + np.arange(n_k)
+            xg = xs[rows] + v[cl, None, :]
+            xs[rows] = xg
+            # float64 logits: the argmax does not depend on the BLAS kernel's summation order
+            logits = np.matmul(xg.astype(np.float64), w[cl].astype(np.float64)) + b[cl, None, :]
+            ys[rows] = np.argmax(logits, axis=2)
+
+
 def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_classes, samples_per_client_mean,
                size_sigma, min_samples, max_samples_per_client, train_fraction, max_total_samples) -> DataBundle:
     """FedProx Synthetic(alpha, beta) (Li et al. 2020, §5.1), for any number of clients.
@@ -120,26 +163,11 @@ def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_clas
     src = "synthetic"
     k, d, c, sigma, min_n = num_clients, dimension, num_classes, size_sigma, min_samples
     mean_n, cap, frac, max_total = samples_per_client_mean, max_samples_per_client, train_fraction, max_total_samples
-    if cap is not None and cap < min_n:
-        raise _err(src, f"max_samples_per_client={cap} is below min_samples={min_n}")
-    if mean_n is None:
-        mu = 4.0
-    else:
-        if mean_n <= min_n:
-            raise _err(src, f"samples_per_client_mean={mean_n:g} must exceed min_samples={min_n} "
-                            f"(sizes are min_samples + a lognormal draw); lower min_samples")
-        mu = math.log(mean_n - min_n) - sigma**2 / 2
     resolved = dict(num_clients=k, alpha=alpha, beta=beta, iid=iid, seed=seed, dimension=d, num_classes=c,
                     samples_per_client_mean=mean_n, size_sigma=sigma, min_samples=min_n,
                     max_samples_per_client=cap, train_fraction=frac)
-
-    sizes = np.floor(np.random.default_rng([seed, 0, 0]).lognormal(mu, sigma, k)).astype(np.int64) + min_n
-    if cap is not None:
-        np.minimum(sizes, cap, out=sizes)
+    sizes = _synthetic_sizes(src, k, seed, mean_n, sigma, min_n, cap, max_total)
     total = int(sizes.sum())
-    if total > max_total:
-        raise _err(src, f"{k} clients would hold {total:,} samples, above max_total_samples={max_total:,}; "
-                        f"set samples_per_client_mean / max_samples_per_client lower or raise max_total_samples")
     u = np.random.default_rng([seed, 0, 1]).normal(0.0, alpha, k)
     b_dev = np.random.default_rng([seed, 0, 2]).normal(0.0, beta, k)
     if iid:
@@ -170,18 +198,7 @@ def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_clas
         xs *= scale
         sz, loc = sizes[c0:c1], starts[c0:c1] - starts[c0]
         if not iid:
-            v = g_v.standard_normal((nc, d), dtype=np.float32) + b_dev[c0:c1, None].astype(np.float32)
-            w = g_w.standard_normal((nc, d, c), dtype=np.float32) + u[c0:c1, None, None].astype(np.float32)
-            b = g_b.standard_normal((nc, c), dtype=np.float32) + u[c0:c1, None].astype(np.float32)
-            with _single_thread_blas():  # small products: BLAS threads only add contention
-                for n_k in np.unique(sz):  # clients of equal size form one batched product
-                    cl = np.flatnonzero(sz == n_k)
-                    rows = loc[cl, None] + np.arange(n_k)
-                    xg = xs[rows] + v[cl, None, :]
-                    xs[rows] = xg
-                    # float64 logits: the argmax does not depend on the BLAS kernel's summation order
-                    logits = np.matmul(xg.astype(np.float64), w[cl].astype(np.float64)) + b[cl, None, :]
-                    ys[rows] = np.argmax(logits, axis=2)
+            _synthetic_client_models(xs, ys, sz, loc, (g_v, g_w, g_b), b_dev[c0:c1], u[c0:c1], d, c)
         else:
             ys[:] = np.argmax(xs.astype(np.float64) @ w_glob + b_glob, axis=1)
         own = np.repeat(np.arange(nc), sz)
