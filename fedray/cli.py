@@ -6,6 +6,7 @@
     fedray show RUN_DIR                  status, rounds, accuracy and last checkpoint of one run directory
     fedray partition CONFIG [a.b=c ...]  build a partition (manifest + per-client shards), print statistics
     fedray datasets [CONFIG]             list sources, partitioners, models, algorithms, metrics (and CONFIG's plugins')
+    fedray data [list] / data fetch NAME datasets on this machine and their data.root / download one (README, Real data)
     fedray new NAME                      write a plugin project ./NAME (a method, a model, a config, a test)
     fedray report RUN_DIR [RUN_DIR ...]  tables (per run, mean ± std over seeds) and PNG plots from run directories
     fedray report SWEEP_DIR              a sweep's tables and report again, from its run directories
@@ -533,6 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _add_experiment_commands(sub)
     _add_report_commands(sub)
+    from fedray.data.commands import add_data_commands  # argparse only: `fedray --help` stays fast
+    add_data_commands(sub)
     _add_study_commands(sub)
     return p
 

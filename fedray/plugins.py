@@ -73,10 +73,10 @@ def check_registries(cfg: ExperimentConfig, where: str | None = None) -> None:
 
 
 def check_driver(cfg: ExperimentConfig) -> None:
-    """What the driver itself needs, without torch: a known data source (it loads the data) and the libraries
-    of the trackers it writes to (``output.mlflow`` / ``output.wandb``). The config's plugins are imported here
-    only when the data source or the partitioner is not a built-in (they run in the driver; a Ray run's
-    driver imports no other plugin code)."""
+    """What the driver itself needs, without torch: a known data source (it loads the data; with ``data.download``
+    one fedray can fetch) and the libraries of the trackers it writes to (``output.mlflow`` / ``output.wandb``). The
+    config's plugins are imported here only when the data source or the partitioner is not a built-in (they run in
+    the driver; a Ray run's driver imports no other plugin code)."""
     from fedray.core.registry import is_builtin
     from fedray.data.partition import PARTITIONERS
     from fedray.data.sources import SOURCES
@@ -87,6 +87,10 @@ def check_driver(cfg: ExperimentConfig) -> None:
         load_plugins(cfg)  # a data source or partitioner of the user's: the driver runs it (prepare_data)
     if cfg.data.source not in SOURCES:
         raise ConfigError(f"data.source: unknown source {cfg.data.source!r} (known: {', '.join(sorted(SOURCES))})")
+    if cfg.data.download or cfg.data.mirrors:  # a source fedray can fetch, http(s) mirrors (no network here)
+        from fedray.data.fetch import check_download
+
+        check_download(cfg.data)
     check_trackers(cfg)
 
 

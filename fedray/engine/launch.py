@@ -19,6 +19,7 @@ import functools
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fedray.core.errors import ConfigError
 from fedray.core.ray_env import current_node_id, ensure_ray
@@ -101,6 +102,7 @@ def coordinator_options(cfg, ray) -> dict:
         if cpus is not None and e.coordinator_num_cpus > cpus:
             raise ConfigError(f"engine.coordinator_placement: driver, but the driver's node has {cpus:g} CPUs for "
                               f"engine.coordinator_num_cpus={e.coordinator_num_cpus:g}; use coordinator_placement: any")
+        assert node is not None  # this process joined Ray (start_actors runs after ensure_ray)
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
     return opts
 
@@ -110,7 +112,7 @@ class Actors:
     """A run's actors, started without their arguments."""
 
     workers: list
-    coord: object
+    coord: Any  # the CoordinatorHost actor's handle
     num_workers: int
     worker_cpus: float
     worker_gpus: float
@@ -217,6 +219,7 @@ class EarlyStart:
         self.done.wait()
         if self.error is not None:
             raise self.error
+        assert self.actors is not None  # the thread set them, or an error
         return self.actors
 
     def check(self, cfg, meta) -> None:
@@ -275,3 +278,7 @@ def early_start(cfg, resume=None, address: str | None = None, warm: bool = False
     if cfg is None or cfg.engine.backend != "ray":
         return None
     return EarlyStart(cfg, address=address or cfg.engine.ray_address, warm=warm, log=log, t0=t0)
+    if cfg.data.download:  # a missing dataset is fetched before Ray starts: a failed download wastes no Ray start
+        from fedray.data.fetch import ensure_data
+
+        ensure_data(cfg, log)

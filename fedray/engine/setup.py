@@ -14,8 +14,10 @@ import numpy as np
 
 from fedray.config import ConfigError, ExperimentConfig, config_hash, dump_config, load_config
 from fedray.core.io import atomic_write_bytes, atomic_write_text
+from fedray.data.fetch import data_root, ensure_data
 from fedray.data.sources import load_source
-from fedray.data.store import build_partition
+from fedray.data.store import PartitionStore, build_partition
+from fedray.data.table import DataBundle
 from fedray.engine.callbacks import Trackers
 from fedray.engine.claim import check_run_dir, default_run_name
 from fedray.engine.launch import EarlyStart
@@ -50,8 +52,11 @@ class RunResult:
 
 def prepare_data(cfg: ExperimentConfig, log=None):
     """Load the source and build (or reuse, after checking every shard) the partition; returns (bundle,
-    store). A damaged cached partition is rebuilt, with one line to ``log``."""
-    bundle = load_source(cfg.data.source, cfg.data.root, **cfg.data.params)
+    store). A damaged cached partition is rebuilt, with one line to ``log``. With ``data.download``, a missing
+    layout is fetched first (:func:`fedray.data.fetch.ensure_data`; on Ray, :func:`~fedray.engine.launch.early_start`
+    did it before Ray started)."""
+    ensure_data(cfg, log or print)
+    bundle = load_source(cfg.data.source, data_root(cfg.data), **cfg.data.params)
     spec = {"name": cfg.data.partition.name, "num_clients": int(cfg.data.partition.num_clients),
             "seed": int(cfg.partition_seed), **cfg.data.partition.params}
     cache = Path(cfg.data.cache_dir or Path(cfg.output.root) / "_partitions")
@@ -68,8 +73,8 @@ class Run:
 
     cfg: ExperimentConfig
     rd: RunDir
-    bundle: object
-    store: object
+    bundle: DataBundle
+    store: PartitionStore
     resume: bool
     t_start: float
     trackers: Trackers  # the MLflow / W&B runs it mirrors into (started), possibly none

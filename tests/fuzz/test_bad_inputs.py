@@ -86,6 +86,9 @@ OVERRIDES = [
     (["data.source=parquet", "data.params.path=/nonexistent/x.parquet"], r"/nonexistent/x\.parquet|data\.(params|root)"),
     (["data.source=cifar10"], r"data\.root|root"),
     (["eval.adversarial={fgsm_eps: -1}"], r"eval\.adversarial"),
+    (["data.download=true"], r"data\.download: fedray cannot download 'mnist5k'"),
+    (["data.source=digit5", "data.root=/nonexistent/digit5", "data.download=true"], r"data\.download.*'digit5'"),
+    (["data.source=mnist", "data.download=true", "data.mirrors=[ftp://example.org]"], r"data\.mirrors\[0\]"),
 ]
 
 # malformed config files: (file text, regex)
@@ -204,3 +207,23 @@ def test_a_plugin_that_fails_on_the_coordinator_fails_before_any_work_on_ray(plu
 
 def test_corpus_is_large_enough():
     assert len(OVERRIDES) + len(FILES) + 1 + 2 + 4 + len(PLUGINS) >= 70
+
+
+# `fedray data fetch` arguments refused before any transfer: (arguments, regex)
+FETCH = [
+    (["imagenet21k"], r"fedray data: error: fedray cannot download 'imagenet21k': it fetches cifar10, "),
+    (["mnist", "--checksum", "nosuch.gz=md5:00"], r"--checksum: mnist has no file 'nosuch\.gz'"),
+    (["mnist", "--checksum", "train-images-idx3-ubyte.gz=md5:xyz"],
+     r"checksum of train-images-idx3-ubyte\.gz: expected md5:<32 hex digits>"),
+    (["mnist", "--mirror", "file:///srv/mnist"], r"data\.mirrors\[0\]: a mirror is an http:// or https:// base URL"),
+    (["cinic10"], r"cinic10: no checksum of CINIC-10\.tar\.gz is published"),
+]
+
+
+@pytest.mark.parametrize("args,pattern", FETCH, ids=[" ".join(a) for a, _ in FETCH])
+def test_bad_data_fetch_is_refused_before_any_transfer(tmp_path, capsys, args, pattern):
+    rc = main(["data", "fetch", *args, "--root", str(tmp_path / "data")])
+    err = capsys.readouterr().err
+    assert rc == 2 and re.search(pattern, err), err
+    assert "Traceback" not in err
+    assert not [p for p in (tmp_path / "data").rglob("*") if p.is_file() and not p.name.endswith(".lock")]
