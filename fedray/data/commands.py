@@ -30,7 +30,7 @@ def _cmd_fetch(args) -> int:
     from fedray.data.fetch import fetch
 
     try:
-        root = fetch(args.name, args.root, mirrors=args.mirror, checksums=_checksums(args.checksum))
+        root = fetch(args.name, args.root, mirrors=args.mirror, checksums=_checksums(args.checksum), mirrors_from="--mirror")
     except KeyboardInterrupt:
         print("fedray data fetch: interrupted; what was downloaded is kept and the next `fedray data fetch` resumes "
               "it", file=sys.stderr)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -168,11 +169,11 @@ def mirrors_from_env() -> list[str]:
     return _check_urls([u.strip() for u in raw.split(",") if u.strip()], MIRRORS_ENV)
 
 
-def file_urls(spec: FetchSpec, name: str, mirrors=()) -> list[str]:
-    """Where to look for the file ``name`` of ``spec``, in order: each of ``mirrors``, each of
-    ``$FEDRAY_DATA_MIRRORS``, then the canonical base URLs (duplicates dropped)."""
+def file_urls(spec: FetchSpec, name: str, mirrors=(), where: str = "data.mirrors") -> list[str]:
+    """Where to look for the file ``name`` of ``spec``, in order: each of ``mirrors`` (given as ``where``, named
+    in errors), each of ``$FEDRAY_DATA_MIRRORS``, then the canonical base URLs (duplicates dropped)."""
     out = []
-    for base in [*_check_urls(list(mirrors), "data.mirrors"), *mirrors_from_env()]:
+    for base in [*_check_urls(list(mirrors), where), *mirrors_from_env()]:
         base = base.replace("{source}", spec.source) if "{source}" in base else f"{base.rstrip('/')}/{spec.source}"
         out.append(f"{base.rstrip('/')}/{name}")
     out += [f"{base.rstrip('/')}/{name}" for base in spec.urls]
@@ -200,13 +201,13 @@ def ensure_data(cfg, log=print) -> None:
 
 
 def fetch(source: str, root: str | Path | None = None, *, mirrors=(), checksums: dict[str, str] | None = None,
-          log=print, progress: bool = True) -> Path:
+          log=print, progress: bool = True, mirrors_from: str = "data.mirrors") -> Path:
     """Download ``source``'s published files into ``root`` (default :func:`default_root`), check each one's
     checksum and unpack them into the layout its loader reads; returns the ``data.root`` to use. A layout already
     there is kept as it is. ``checksums``: file name -> ``"md5:<hex>"`` / ``"sha256:<hex>"``, over the table's
-    (the name may be ``""`` for a one-file dataset). Failures raise :class:`fedray.data.download.FetchError` (a
-    DataError) naming the file or URL; the transfer's rules are :mod:`fedray.data.download`'s."""
-    from fedray.core.io import LockHeld, exclusive_lock
+    (the name may be ``""`` for a one-file dataset); ``mirrors_from`` names where ``mirrors`` came from in errors.
+    Failures raise :class:`fedray.data.download.FetchError` (a DataError) naming the file or URL; the transfer's
+    rules are :mod:`fedray.data.download`'s."""
     from fedray.data.download import FetchError, download_file, unpack
 
     spec = spec_of(source)
@@ -220,12 +221,12 @@ def fetch(source: str, root: str | Path | None = None, *, mirrors=(), checksums:
         raise FetchError(f"{final} exists but does not hold the {source} layout (each of "
                          f"{[g[0] for g in spec.needs]}); move it away, then fetch again")
     digests = _digests(spec, dict(checksums or {}))
-    urls = {name: file_urls(spec, name, mirrors) for name in digests}
+    urls = {name: file_urls(spec, name, mirrors, mirrors_from) for name in digests}
     staging = root / STAGING
     here = replace(spec, dirs=("",))
     try:
         staging.mkdir(parents=True, exist_ok=True)
-        with exclusive_lock(staging / f"{source}.lock", f"pid {os.getpid()}", f"fetching {source} into {root}"):
+        with _fetch_lock(staging / f"{source}.lock", f"fetching {source} into {root}", log):
             for old in root.glob(f".fedray-unpack-{source}-*"):  # a killed process's: no one else unpacks now
                 shutil.rmtree(old, ignore_errors=True)
             if find_layout(spec, root) is not None:  # another process fetched it while this one waited
@@ -235,13 +236,29 @@ def fetch(source: str, root: str | Path | None = None, *, mirrors=(), checksums:
             unpack(spec, files, root, lambda folder: find_layout(here, folder) is not None)
             for f in files:
                 f.unlink()
-    except LockHeld as e:
-        raise FetchError(str(e)) from None
     except OSError as e:  # root not creatable or writable, disk full while unpacking, ...
         raise FetchError(f"cannot fetch {source} into {root}: {e}") from None
     log(f"[fedray] {source}: {len(files)} file(s) verified ({spec.checksums_from}) and unpacked into {final} in "
         f"{time.perf_counter() - t0:.1f} s; data.root: {root}")
     return root
+
+
+def _fetch_lock(path: Path, what: str, log) -> ExitStack:
+    """The exclusive lock of one dataset's fetch into one root (:func:`fedray.core.io.exclusive_lock`), held in the
+    returned stack; while another process holds it (its fetch of the same files), this one waits for it to end."""
+    from fedray.core.io import LockHeld, exclusive_lock
+
+    told = False
+    while True:
+        stack = ExitStack()
+        try:
+            stack.enter_context(exclusive_lock(path, f"pid {os.getpid()}", what))
+            return stack
+        except LockHeld as e:
+            if not told:
+                log(f"[fedray] {e}: waiting for it to end")
+                told = True
+            time.sleep(0.5)
 
 
 def _digests(spec: FetchSpec, checksums: dict[str, str]) -> dict[str, str]:

@@ -281,11 +281,23 @@ def test_a_ray_run_fetches_before_ray_starts(tmp_path, server, monkeypatch):
     assert len(seen) == 1
 
 
-def test_a_second_fetch_of_the_same_dataset_into_one_root_is_refused_while_the_first_runs(tmp_path, server, monkeypatch):
+def test_a_second_fetch_of_the_same_dataset_into_one_root_waits_for_the_first(tmp_path, server, monkeypatch):
+    import threading
+
     from fedray.core.io import exclusive_lock
 
     serve(monkeypatch, server, "mnist", MNIST)
-    with exclusive_lock(tmp_path / ".fedray-downloads" / "mnist.lock", "pid 12345", "fetching mnist"):
-        with pytest.raises(FetchError, match=r"fetching mnist into .*another driver is running it \(pid 12345"):
-            fetch("mnist", tmp_path, **QUIET)
-    assert server.requests == []
+    held, logs = threading.Event(), []
+
+    def first():  # another fetch holds the lock for a moment, then ends without the layout (e.g. it failed)
+        with exclusive_lock(tmp_path / ".fedray-downloads" / "mnist.lock", "pid 12345", "fetching mnist"):
+            held.set()
+            threading.Event().wait(1.0)
+
+    t = threading.Thread(target=first)
+    t.start()
+    held.wait(5)
+    fetch("mnist", tmp_path, log=logs.append, progress=False)
+    t.join()
+    assert any("another driver is running it (pid 12345" in line and "waiting for it to end" in line for line in logs)
+    assert find_layout("mnist", tmp_path) == tmp_path / "MNIST" / "raw"

@@ -215,7 +215,7 @@ FETCH = [
     (["mnist", "--checksum", "nosuch.gz=md5:00"], r"--checksum: mnist has no file 'nosuch\.gz'"),
     (["mnist", "--checksum", "train-images-idx3-ubyte.gz=md5:xyz"],
      r"checksum of train-images-idx3-ubyte\.gz: expected md5:<32 hex digits>"),
-    (["mnist", "--mirror", "file:///srv/mnist"], r"data\.mirrors\[0\]: a mirror is an http:// or https:// base URL"),
+    (["mnist", "--mirror", "file:///srv/mnist"], r"--mirror\[0\]: a mirror is an http:// or https:// base URL"),
     (["cinic10"], r"cinic10: no checksum of CINIC-10\.tar\.gz is published"),
 ]
 
