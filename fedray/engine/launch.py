@@ -277,8 +277,8 @@ def early_start(cfg, resume=None, address: str | None = None, warm: bool = False
             return None
     if cfg is None or cfg.engine.backend != "ray":
         return None
-    return EarlyStart(cfg, address=address or cfg.engine.ray_address, warm=warm, log=log, t0=t0)
     if cfg.data.download:  # a missing dataset is fetched before Ray starts: a failed download wastes no Ray start
         from fedray.data.fetch import ensure_data
 
         ensure_data(cfg, log)
+    return EarlyStart(cfg, address=address or cfg.engine.ray_address, warm=warm, log=log, t0=t0)
