@@ -56,16 +56,25 @@ def resume_state(run: Run, engine, log) -> int:
 def _signals_deferred():
     """SIGINT and SIGTERM wait until the block has run (in the main thread; elsewhere Python delivers no
     signal anyway). Without it a Ctrl-C right after a round's metrics row was written, before the loop knew
-    the round was recorded, left the interruption's checkpoint unwritten (seen in CI)."""
+    the round was recorded, left the interruption's checkpoint unwritten (seen in CI).
+
+    A signal that comes during the block is recorded by a handler of its own and raised again, to the
+    handlers of before, as the block ends. Blocking the signals in this thread (``pthread_sigmask``) is not
+    enough: the kernel hands a process-directed signal to any thread that has it unblocked (Ray's, an HTTP
+    server's, tqdm's), and Python then runs the handler in the main thread mid-block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    pending: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a signal that came meanwhile is delivered now
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(pending):  # each signal once, in the order they came
+            signal.raise_signal(s)
 
 
 class RoundLoop:
