@@ -29,7 +29,6 @@ def _tiny(tmp_path, partition_cache, *extra: str) -> list[str]:
 
 
 def _run_dir(out: str):
-    from pathlib import Path
 
     return Path(next(line for line in out.splitlines() if line.startswith("run directory:")).split(": ", 1)[1])
 
@@ -116,8 +115,6 @@ def _show(capsys, run_dir) -> dict:
 
 
 def test_show_a_stopped_run_names_the_resume_command_and_a_finished_one_does_not(tmp_path, partition_cache, capsys):
-    from fedray.config import load_config
-    from fedray.engine.runner import run_experiment
 
     cfg = load_config(DEMO, _tiny(tmp_path, partition_cache, "train.rounds=3", "output.checkpoint_every=1"))
     stopped = run_experiment(cfg, progress=False, log=lambda *a: None, on_round=lambda report: report["round"] >= 2)
@@ -178,7 +175,7 @@ def test_cli_partition_prints_per_client_statistics_and_datasets_lists_everythin
     assert main(["datasets"]) == 0
     listing = capsys.readouterr().out
     for name in ("mnist5k", "balanced_dirichlet", "resnet18_gn", "fedrcl", "fedacg", "balanced_accuracy", "ece"):
-        line = next(l for l in listing.splitlines() if l.strip().startswith(name + " ") or l.strip() == name)
+        line = next(ln for ln in listing.splitlines() if ln.strip().startswith(name + " ") or ln.strip() == name)
         assert len(line.split()) > 1, f"{name} is listed without a description"
 
 

@@ -162,6 +162,8 @@ def _module_level_imports(path: Path, mod: str) -> set[str]:
                     base = f"{pkg}.{base}" if base else pkg
                 out.add(base)
                 out.update(f"{base}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                continue  # never runs: names for the type checker only
             elif isinstance(node, (ast.If, ast.Try)):
                 visit(node.body)
                 visit(getattr(node, "orelse", []))

@@ -146,7 +146,7 @@ def best_config_text(spec: StudySpec, trial) -> str:
     header = (f"# Best configuration of study {spec.name!r}: trial {trial.number} ({values}).\n"
               f"# Base config: {spec.base_config_path or 'inline in ' + str(spec.source_path)}; tuned values:\n"
               + "".join(f"#   {k}: {v!r}\n" for k, v in trial.params.items())
-              + f"# Run it with: fedray run <this file>\n")
+              + "# Run it with: fedray run <this file>\n")
     return header + yaml.safe_dump(data, sort_keys=False)
 
 

@@ -368,7 +368,7 @@ class SplitFedV2(SplitAlgorithm):
             (ga,) = srv.step(srv.main, loss, wrt=(a,))
             grads[k] = ga
             losses[k] = float(loss.detach())
-        total = sum(l * s for l, s in zip(losses, batch.sizes))
+        total = sum(loss_k * s for loss_k, s in zip(losses, batch.sizes))
         return IterationResult(grads, total / max(1, sum(batch.sizes)), losses)
 
 

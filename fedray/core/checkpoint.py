@@ -71,7 +71,7 @@ def write_checkpoint(f: BinaryIO, state: dict) -> None:
     arrays: dict[str, np.ndarray] = {}
     tree = json.dumps(_encode(state, arrays), separators=(",", ":"))
     arrays[_TREE] = np.frombuffer(tree.encode(), dtype=np.uint8)
-    np.savez(f, **arrays)
+    np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stubs type **kwds as allow_pickle
 
 
 def read_checkpoint(path: str | Path) -> dict:

@@ -97,7 +97,7 @@ def _as_int(value: Any, strict: bool) -> int:
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
-        return int(value)
+        return int(float(value))
     if not strict and isinstance(value, str) and value.strip().lstrip("-").isdigit():
         return int(value)
     raise _Bad

@@ -221,8 +221,8 @@ def resolve(plugins: list, *, base_dir: str | None, recorded: dict | None = None
 def _where_raised(err: BaseException) -> str:
     frames = traceback.extract_tb(err.__traceback__)
     user = [f for f in frames if "importlib" not in f.filename]
-    f = (user or frames or [None])[-1]
-    return f" ({f.filename}:{f.lineno})" if f is not None else ""
+    last = (user or frames)
+    return f" ({last[-1].filename}:{last[-1].lineno})" if last else ""
 
 
 def _forget(top: str) -> None:

@@ -74,15 +74,17 @@ def proc_runs(pid: int, start_ticks: int | None) -> bool:
     """Process ``pid`` that started at ``start_ticks`` (:func:`proc_start_ticks`) still runs: it exists, is that
     same process, and is not a zombie (an exited child nobody reaped)."""
     f = _stat_fields(pid)
+    if not f or start_ticks is None:
+        return False
     try:
-        return bool(f) and start_ticks is not None and f[0] != b"Z" and int(f[19]) == start_ticks
+        return f[0] != b"Z" and int(f[19]) == start_ticks
     except (IndexError, ValueError):
         return False
 
 
 def proc_children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` now (empty when there is none, or no /proc)."""
-    out = []
+    out: list[int] = []
     try:
         names = os.listdir("/proc")
     except OSError:

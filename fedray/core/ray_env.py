@@ -199,7 +199,7 @@ def _connect_warm(ray, rec: dict, log_to_driver: bool, init_kwargs: dict, log) -
 # ------------------------------------------------------------------------------------------- Ray settings
 def _refresh_ray_config() -> None:
     """Make this process's Ray see the authentication settings now in ``os.environ`` (Ray caches them)."""
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # Cython, no stubs
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
@@ -259,7 +259,8 @@ def _check_reachable(address: str, host: str, port: int) -> None:
     channel = init_grpc_channel(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
     try:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=CONNECT_TIMEOUT_S)
+        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(),  # type: ignore[attr-defined]  # protobuf
+                          timeout=CONNECT_TIMEOUT_S)
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
         if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -347,11 +348,11 @@ def _init_lean_head(ray, kwargs: dict) -> None:
     if lean is None:
         ray.init(**kwargs)
     else:
-        ray_node.Node = lean
+        ray_node.Node = lean  # type: ignore[misc]  # the lean head replaces Ray's Node class for this start
         try:
             ray.init(**kwargs)
         finally:
-            ray_node.Node = base
+            ray_node.Node = base  # type: ignore[misc]
     _reap_agents_after(ray)
 
 
@@ -394,7 +395,7 @@ def _reap_agents_after(ray) -> None:
 
     node = getattr(ray._private.worker, "_global_node", None)
     try:
-        raylet = node.all_processes[PROCESS_TYPE_RAYLET][0].process.pid
+        raylet = node.all_processes[PROCESS_TYPE_RAYLET][0].process.pid  # type: ignore[union-attr]  # None: caught
     except (AttributeError, KeyError, IndexError, TypeError):
         return
     marks = [(pid, proc_start_ticks(pid)) for pid in proc_children(raylet)]
@@ -403,6 +404,7 @@ def _reap_agents_after(ray) -> None:
         return
     _reaper = subprocess.Popen([sys.executable, "-c", _REAPER], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True, text=True)
+    assert _reaper.stdin is not None  # stdin=PIPE
     _reaper.stdin.write(lines)
     _reaper.stdin.flush()
 

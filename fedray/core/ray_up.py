@@ -56,7 +56,8 @@ def cluster_pids(temp_dir: str, address: str | None = None) -> list[int]:
     ``ray start --head`` leaves behind (its parent, the ``ray start`` command, has exited, and its command
     line does not name the temp dir); ``fedray down`` once left it running for about a minute on port
     10001."""
-    me, marked, children = os.getpid(), [], {}
+    me, marked = os.getpid(), []
+    children: dict[int, list[int]] = {}
     flag = f"--address={address}".encode() if address else None
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) == me:

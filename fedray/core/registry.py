@@ -13,6 +13,7 @@ packages (some of them import torch).
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -35,7 +36,7 @@ def is_builtin(module: str) -> bool:
 
 def caller_module(depth: int = 2) -> str:
     """The ``__name__`` of the module that called the function calling this one (``depth`` frames up)."""
-    frame = sys._getframe(depth)
+    frame: types.FrameType | None = sys._getframe(depth)
     while frame is not None:
         name = frame.f_globals.get("__name__", "?")
         if name not in (__name__, "fedray", "fedray.api") and not frame.f_code.co_name.startswith("register"):

@@ -170,7 +170,8 @@ def idle_workers(raylet_pid: int) -> tuple[dict[int, str | None], dict[int, str 
     """The raylet's worker processes started for no job (``RAY_JOB_ID`` nil) and not yet taken by one, as two
     maps pid -> their ``FEDRAY_WARM_CODE`` (None without one): those ready (titled ``ray::IDLE``) and those
     still starting (``default_worker.py``)."""
-    ready, starting = {}, {}
+    ready: dict[int, str | None] = {}
+    starting: dict[int, str | None] = {}
     key = WARM_CODE_ENV.encode() + b"="
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -227,8 +228,9 @@ def _prestart(port: int, n: int, fingerprint: str) -> None:
     channel = init_grpc_channel(f"127.0.0.1:{port}")
     try:
         node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(
-            node_manager_pb2.PrestartWorkersRequest(
-                language=common_pb2.Language.PYTHON, num_workers=n, keep_alive_duration_secs=KEEP_ALIVE_S,
+            node_manager_pb2.PrestartWorkersRequest(  # type: ignore[attr-defined]  # generated protobuf module
+                language=common_pb2.Language.PYTHON,  # type: ignore[attr-defined]
+                num_workers=n, keep_alive_duration_secs=KEEP_ALIVE_S,
                 runtime_env_info=get_runtime_env_info(RuntimeEnv(**runtime_env(fingerprint)))), timeout=30)
     finally:
         channel.close()

@@ -38,7 +38,7 @@ def _float_entries(module: torch.nn.Module):
     buffers = dict(module.named_buffers())
     out = []
     for name in module.state_dict().keys():
-        t = params.get(name)
+        t: torch.Tensor | None = params.get(name)
         is_param = t is not None
         if t is None:
             t = buffers.get(name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -39,22 +40,24 @@ __all__ = ["Coordinator"]
 
 class Coordinator:
     def __init__(self, spec: CoordinatorSpec):
-        cfg_dict, run_dir, test_data = spec.config, spec.run_dir, spec.test
+        cfg_dict, run_dir = spec.config, spec.run_dir
+        test_data: Any = spec.test  # the test split: a dict, or (Ray) an InStore of one
         rp = Replica(cfg_dict, spec.partition_path, coordinator_device(cfg_dict["engine"]["device"]), seed_model=True)
         self.replica = rp
         self.cfg = cfg = rp.cfg
         self.algorithm = rp.algorithm
-        self.server_opt = build_server_optimizer(cfg.server.name, cfg.server.lr, cfg.server.params)
+        self.server_opt = build_server_optimizer(cfg.server.name, float(cfg.server.lr or 0.0), cfg.server.params)
         self.weights = rp.flat.read()
         self.algo_state = self.algorithm.init_state(self.weights)
         test_ref = None
         if isinstance(test_data, InStore):  # the driver's copy in the object store: evaluation tasks use it as is
             import ray
 
-            test_ref, test_data = test_data.ref, ray.get(test_data.ref)
+            test_ref, test_data = test_data.ref, ray.get(test_data.ref)  # type: ignore[call-overload]  # an ObjectRef
         self.test = test_data
         self.ema: float | None = None
         self.round = 0
+        self.pool: RayPool | LocalPool
         if cfg.engine.backend == "ray":
             self.pool = RayPool(spec.worker_spec(), spec.num_workers, spec.worker_cpus, spec.worker_gpus,
                                 actors=spec.workers)

@@ -86,6 +86,7 @@ class ShardedEvaluation:
             return self.pool.submit(widx, "evaluate_shards", w_ref, self._test_ref, items, analysis)
 
         def on_outcome(out: EvalOutcome) -> None:
+            assert out.part is not None  # an outcome with an error never reaches here (the scheduler retries it)
             parts[out.pos] = out.part
 
         sched.run(tasks, submit, on_outcome, label=" (an evaluation shard)")

@@ -75,7 +75,7 @@ class LocalPool(PoolBase):
         self.restarts = 0
 
     @property
-    def size(self) -> int:
+    def size(self) -> int:  # type: ignore[override]  # PoolBase's fakes set it; this pool counts its workers
         return len(self.workers)
 
     def name(self, widx: int) -> str:
@@ -160,7 +160,7 @@ class RayPool:
                                                 max_task_retries=0)
 
     @classmethod
-    def start(cls, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float) -> list:
+    def start(cls, spec: WorkerSpec | None, num_workers: int, num_cpus: float, num_gpus: float) -> list:
         """Start ``num_workers`` ClientWorker actors without waiting for them (handles to pass as ``actors``)."""
         actor_cls = cls._actor_cls(num_cpus, num_gpus)
         return [actor_cls.remote(spec, f"w{i}") for i in range(num_workers)]

@@ -86,7 +86,8 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         start_round = resume_state(run, engine, log)
         result.startup_seconds = startup = time.perf_counter() - run.t_start
         result.startup_phases = {"data": data_s, "ray": getattr(early, "ray_seconds", None), "ready": startup}
-        ray_s = f", Ray up at {early.ray_seconds:.1f} s" if getattr(early, "ray_seconds", None) is not None else ""
+        ray_up = getattr(early, "ray_seconds", None)
+        ray_s = f", Ray up at {ray_up:.1f} s" if ray_up is not None else ""
         log(f"[fedray] run {run.rd.path} | {cfg.algorithm.name} on {cfg.data.source} | {run.store.num_clients} "
             f"clients, {cfg.train.clients_per_round}/round | {info['workers']} {cfg.engine.backend} workers | "
             f"{info['num_params']:,} params | start-up {startup:.1f} s (data ready at {data_s:.1f} s{ray_s})")

@@ -116,8 +116,8 @@ class SplitLayout:
         client_names = set(client.state_dict().keys())
         server_names = set(server.state_dict().keys())
         trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-        idx = {k: [] for k in ("ct", "cf", "st", "sf")}
-        ent = {k: [] for k in idx}
+        idx: dict[str, list] = {k: [] for k in ("ct", "cf", "st", "sf")}
+        ent: dict[str, list] = {k: [] for k in idx}
         size = {k: 0 for k in idx}
         for name, shape, off, n in layout_of(model).slices():
             if name in client_names:

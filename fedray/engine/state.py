@@ -59,7 +59,7 @@ class ClientStateStore:
         d.mkdir(parents=True, exist_ok=True)
         arrays = {k: np.asarray(v) for k, v in state.items()}
         with atomic_writer(d / f"r{rnd}.npz", suffix=".tmp.npz") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stubs type **kwds as allow_pickle
 
     def prune(self, keep_from_round: int, drop_after_round: int | None = None) -> None:
         """Delete versions no read at round >= ``keep_from_round`` can need, and (on resume) versions

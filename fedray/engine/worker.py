@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
 from fedray.core.procinfo import proc_memory_mb
 from fedray.core.ray_env import current_node_id
@@ -19,6 +20,9 @@ from fedray.engine.faults import FaultInjector
 from fedray.engine.outcomes import ClientOutcome, EvalOutcome, GroupOutcome, SplitOutcome
 from fedray.engine.spec import WorkerSpec
 from fedray.engine.state import ClientStateStore
+
+if TYPE_CHECKING:  # the torch side: imported by the worker when it is constructed (RUNTIME_MODULES), not here
+    from fedray.algorithms.context import ClientHints
 
 __all__ = ["ClientOutcome", "ClientWorker", "RUNTIME_MODULES", "WorkerSpec"]
 
@@ -37,9 +41,9 @@ class ClientWorker:
         for module in RUNTIME_MODULES:  # torch and the runtimes now, while the driver still loads the data
             importlib.import_module(module)
         self.name = name
-        self.spec = None
-        self._federated = None
-        self._split = None
+        self.spec: WorkerSpec | None = None
+        self._federated: Any = None  # the client runtimes (torch-side), built at their first task
+        self._split: Any = None
         if spec is not None:
             self.setup(spec)
 

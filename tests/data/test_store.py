@@ -265,7 +265,7 @@ def test_open_verify_and_reads_name_the_damaged_client_and_file(tmp_path, bundle
         st.client_arrays(4)  # a worker's read checks the checksum too
     PartitionStore.open(st.path, check_reads=False).client_arrays(4)  # size check only: reads
     _damage(st.client_path(3), "truncated")
-    with pytest.raises(DataError, match=rf"client 2: .*3 damaged shards"):
+    with pytest.raises(DataError, match=r"client 2: .*3 damaged shards"):
         st.verify_shards(workers=2)
     with pytest.raises(DataError, match=rf"{st.client_path(3)} of client 3: \d+ bytes"):
         st.read_client(3)

@@ -4,7 +4,6 @@ reason, the checkpoint of the last good round intact (reliability issue, item 1)
 from __future__ import annotations
 
 import json
-import types
 
 import numpy as np
 import pytest

@@ -20,6 +20,7 @@ import numpy as np
 from fedray.config import round_lr
 from fedray.engine.dispatch import ClientItem, FailurePolicy, Task, TaskScheduler, live_workers
 from fedray.engine.fold import OrderedFold
+from fedray.engine.outcomes import ClientOutcome
 from fedray.engine.round_report import ClientTally, RoundResult
 from fedray.engine.programs.fold_group import train_groups
 from fedray.engine.sampling import sample_clients
@@ -127,7 +128,7 @@ class FederatedProgram:
         client_w = [self.algorithm.client_weight(int(self.sizes[c])) for c in sampled]
         fold, tally = OrderedFold(client_w), ClientTally()
         timing = {"fold": 0.0}
-        finished: dict[int, object] = {}  # straggler mode: outcomes by position, folded after the round
+        finished: dict[int, ClientOutcome] = {}  # straggler mode: outcomes by position, folded after the round
 
         def folded(pairs) -> None:
             for _, out in pairs:

@@ -212,11 +212,14 @@ class SplitProgram:
     def _aggregate(self, r: _Round, weights: np.ndarray, state: dict, client_w: list[float]):
         fold = OrderedFold(client_w)
         for p in range(len(r.sampled)):  # ordered fold in sampled order
-            fold.add(p, r.final[p].weights)
+            w = r.final[p].weights
+            assert w is not None  # a split round has every client's final weights (it cannot drop one)
+            fold.add(p, w)
         s_train, s_fixed, opt_state = self.server.end_round()
         new = np.array(weights, dtype=np.float32, copy=True)
-        aux_new = self.layout.write(new, fold.result().astype(np.float32, copy=False), self.aux_size, s_train,
-                                    s_fixed)
+        avg = fold.result()
+        assert avg is not None
+        aux_new = self.layout.write(new, avg.astype(np.float32, copy=False), self.aux_size, s_train, s_fixed)
         new_state = dict(state)
         if self.aux_size:
             new_state["aux"] = aux_new

@@ -83,11 +83,14 @@ class SplitServer:
         """(server train vector, server fixed vector, main optimizer state or None for copies)."""
         if self.copies:
             fold_t, fold_f = OrderedFold(self._copy_weights), OrderedFold(self._copy_weights)
-            for k, m in enumerate(self.copies):  # the ordered fold, float32
-                fold_t.add(k, m.train.detach().to("cpu").numpy())
-                fold_f.add(k, m.fixed.to("cpu").numpy())
-            return fold_t.result().astype(np.float32), fold_f.result().astype(np.float32), None
+            for k, copy in enumerate(self.copies):  # the ordered fold, float32
+                fold_t.add(k, copy.train.detach().to("cpu").numpy())
+                fold_f.add(k, copy.fixed.to("cpu").numpy())
+            avg_t, avg_f = fold_t.result(), fold_f.result()
+            assert avg_t is not None and avg_f is not None  # one copy per client of the round, every one folded
+            return avg_t.astype(np.float32), avg_f.astype(np.float32), None
         m = self.main
+        assert m is not None  # begin_round built it
         state = {}
         for k, v in m.opt.state.get(m.train, {}).items():
             if v is None:
