@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from fedray.engine.launch import Actors, kill_actors, start_actors
+from fedray.engine.launch import Actors, CoordinatorHost, kill_actors, start_actors
 from fedray.engine.outcomes import InStore
 from fedray.engine.pool import default_num_workers
 from fedray.engine.spec import CoordinatorSpec
@@ -54,54 +54,31 @@ def open_coordinator(run):
     return RayCoordinator(run) if run.cfg.engine.backend == "ray" else LocalCoordinator(run)
 
 
-class LocalCoordinator:
-    """The coordinator in this process (``engine.backend: local``); it never dies apart from this process."""
+class LocalCoordinator(CoordinatorHost):
+    """The coordinator in this process (``engine.backend: local``): the same object the Ray actor holds
+    (:class:`~fedray.engine.launch.CoordinatorHost`, whose methods are the coordinator's), built at once; it never
+    dies apart from this process."""
 
     restarts = 0
 
     def __init__(self, run):
-        from fedray.engine.coordinator import Coordinator
-
+        super().__init__()
         n, wcpu, wgpu = default_num_workers(run.cfg, int(run.cfg.train.clients_per_round))
-        self.coord = Coordinator(coordinator_spec(run, test_payload(run.bundle), n, wcpu, wgpu))
+        self.setup(coordinator_spec(run, test_payload(run.bundle), n, wcpu, wgpu))
         self.in_flight: dict = {}
-
-    def ready(self) -> dict:
-        return self.coord.ready()
-
-    def run_round(self, rnd: int) -> dict:
-        return self.coord.run_round(rnd)
 
     def finish_in_flight(self) -> None:
         """Nothing is in flight after an interruption: the round ran in this thread."""
         return None
 
-    def state_dict(self) -> dict:
-        return self.coord.state_dict()
-
-    def load_state_dict(self, st: dict) -> None:
-        self.coord.load_state_dict(st)
-
     def weights(self) -> np.ndarray:
-        return self.coord.get_weights()
-
-    def weights_hash(self) -> str:
-        return self.coord.weights_hash()
-
-    def workers(self) -> list[dict]:
-        return self.coord.workers()
-
-    def node_id(self) -> str | None:
-        return self.coord.node_id()
-
-    def pid(self) -> int:
-        return self.coord.pid()
+        return self.get_weights()
 
     def restart(self) -> dict:
         raise RuntimeError("an in-process coordinator is never restarted (it dies with the driver)")
 
     def close(self) -> None:
-        self.coord.shutdown()
+        self.shutdown()
 
 
 class RayCoordinator:
