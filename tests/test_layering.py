@@ -31,23 +31,29 @@ def _resolve(name: str, modules: dict) -> str | None:
     return None
 
 
+def _imported_names(node: ast.AST, mod: str, is_pkg: bool) -> list[str]:
+    """The dotted names an import statement ``node`` of module ``mod`` brings in (relative ones made absolute;
+    ``from a import b`` gives ``a.b`` and ``a``); [] for any other node."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        pkg = mod if is_pkg else mod.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            pkg = pkg.rpartition(".")[0]
+        base = f"{pkg}.{base}" if base else pkg
+    return [f"{base}.{a.name}" for a in node.names] + [base]
+
+
 def _imports(mod: str, path: Path, modules: dict) -> set[str]:
     """Every fedray module ``mod`` imports, at any depth of its code (functions included)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_pkg = path.name == "__init__.py"
     out = set()
     for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = mod if is_pkg else mod.rpartition(".")[0]
-                for _ in range(node.level - 1):
-                    pkg = pkg.rpartition(".")[0]
-                base = f"{pkg}.{base}" if base else pkg
-            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        names = _imported_names(node, mod, is_pkg)
         for n in names:
             if n == "fedray" or n.startswith("fedray."):
                 target = _resolve(n, modules)
@@ -151,17 +157,8 @@ def _module_level_imports(path: Path, mod: str) -> set[str]:
 
     def visit(nodes):
         for node in nodes:
-            if isinstance(node, ast.Import):
-                out.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-                    for _ in range(node.level - 1):
-                        pkg = pkg.rpartition(".")[0]
-                    base = f"{pkg}.{base}" if base else pkg
-                out.add(base)
-                out.update(f"{base}.{a.name}" for a in node.names)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update(_imported_names(node, mod, path.name == "__init__.py"))
             elif isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
                 continue  # never runs: names for the type checker only
             elif isinstance(node, (ast.If, ast.Try)):
@@ -230,21 +227,9 @@ def _package_modules() -> dict[str, Path]:
 def _package_imports(mod: str, path: Path, modules: dict) -> set[str]:
     """Every module of fedray, tuning or jobs that ``mod`` imports, at any depth of its code."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     out = set()
     for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = pkg
-                for _ in range(node.level - 1):
-                    up = up.rpartition(".")[0]
-                base = f"{up}.{base}" if base else up
-            names = [f"{base}.{a.name}" for a in node.names] + [base]
-        for n in names:
+        for n in _imported_names(node, mod, path.name == "__init__.py"):
             target = _resolve(n, modules) if n.split(".")[0] in PACKAGES else None
             if target and target != mod and not mod.startswith(target + "."):
                 out.add(target)
