@@ -17,7 +17,8 @@ import types
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
-__all__ = ["ALL", "Registry", "RegistryError", "caller_module", "first_line", "is_builtin", "param_table"]
+__all__ = ["ALL", "Registry", "RegistryError", "caller_module", "first_line", "is_builtin", "param_table",
+           "register_function"]
 
 T = TypeVar("T")
 
@@ -57,6 +58,20 @@ def param_table(params: Any, where: str) -> dict:
     if params is not None and not (isinstance(params, dict) and all(isinstance(v, ParamSpec) for v in params.values())):
         raise RegistryError(f"{where}: params must map parameter names to fedray.ParamSpec, got {params!r}")
     return dict(params or {})
+
+
+def register_function(registry: "Registry", name: str, fn: Any, owner: str, where: str, entry) -> Any:
+    """What every function-registering ``register_*`` does, called directly (``fn`` given) or as a decorator
+    (``fn`` None): check ``fn`` is callable, add ``entry(fn)`` (the registry's spec) under ``name`` for ``owner``,
+    return ``fn``."""
+
+    def add(f):
+        if not callable(f):
+            raise RegistryError(f"{where}: the {registry.kind} {name!r} needs a callable, got {f!r}")
+        registry.add(name, entry(f), owner)
+        return f
+
+    return add if fn is None else add(fn)
 
 
 def _owner_text(module: str) -> str:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from fedray.core.params import ParamSpec, check_params, check_value
-from fedray.core.registry import Registry, RegistryError, caller_module, first_line, param_table
+from fedray.core.registry import Registry, RegistryError, caller_module, first_line, param_table, register_function
 
 from .table import DataError
 
@@ -402,15 +402,8 @@ def register_partitioner(name: str, fn: Callable | None = None, *, description: 
     table = param_table(params, f"register_partitioner({name!r})")
     if needs not in (None, "domains", "natural"):
         raise RegistryError(f"register_partitioner: needs must be None, 'domains' or 'natural', got {needs!r}")
-    owner = module or caller_module()
-
-    def add(f):
-        if not callable(f):
-            raise RegistryError(f"register_partitioner: the function of {name!r} must be callable, got {f!r}")
-        PARTITIONERS.add(name, PartitionerSpec(name, f, first_line(description, f), table, allows_empty, needs), owner)
-        return f
-
-    return add if fn is None else add(fn)
+    return register_function(PARTITIONERS, name, fn, module or caller_module(), "register_partitioner",
+                             lambda f: PartitionerSpec(name, f, first_line(description, f), table, allows_empty, needs))
 
 
 for _spec in [

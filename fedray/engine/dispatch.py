@@ -45,6 +45,7 @@ death are taken in is one of three :class:`OutcomeStrategy` s, chosen per task:
 
 from __future__ import annotations
 
+import abc
 import enum
 import heapq
 import itertools
@@ -395,12 +396,13 @@ class TaskScheduler:
         self._strategy(task).lost(self, widx, task, on_drop)
 
 
-class OutcomeStrategy:
+class OutcomeStrategy(abc.ABC):
     """How the scheduler takes in a task's result (:meth:`take`) and the death of the worker that ran it
     (:meth:`lost`, after the failure rows are written); every decision is the policy's."""
 
+    @abc.abstractmethod
     def take(self, sched: TaskScheduler, widx: int, task: Task, result, on_outcome, on_drop, label: str) -> None:
-        raise NotImplementedError
+        """Take in ``result``, the outcome of ``task`` run on worker ``widx``."""
 
     def lost(self, sched: TaskScheduler, widx: int, task: Task, on_drop) -> None:
         """Each client of the task is charged a failed attempt; those the policy retries run again as one task,

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fedray.core.registry import Registry, RegistryError, caller_module, first_line
+from fedray.core.registry import Registry, RegistryError, caller_module, first_line, register_function
 from fedray.models.base import FedModel
 from fedray.models.zoo import (
     CNN4,
@@ -129,15 +129,8 @@ def register_model(name, builder=None, *, description: str = "", options: dict |
         raise RegistryError(f"register_model: inputs must be 'image', 'vector' or 'any', got {inputs!r}")
     if options is not None and not isinstance(options, dict):
         raise RegistryError(f"register_model: options must be a mapping of option -> default, got {options!r}")
-    owner = module or caller_module()
-
-    def add(fn):
-        if not callable(fn):
-            raise RegistryError(f"register_model: the builder of {name!r} must be callable, got {fn!r}")
-        MODELS.add(name, ModelSpec(name, first_line(description, fn), fn, dict(options or {}), inputs), owner)
-        return fn
-
-    return add if builder is None else add(builder)
+    return register_function(MODELS, name, builder, module or caller_module(), "register_model",
+                             lambda fn: ModelSpec(name, first_line(description, fn), fn, dict(options or {}), inputs))
 
 
 for _spec in [

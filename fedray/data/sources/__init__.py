@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.core.params import ParamSpec, check_params
-from fedray.core.registry import Registry, RegistryError, caller_module, first_line, param_table
+from fedray.core.registry import Registry, caller_module, first_line, param_table, register_function
 
 from ..table import DataBundle, DataError
 from .common import SPLIT_SEED, TEST_FRACTION  # noqa: F401  (public constants, re-exported)
@@ -121,15 +121,8 @@ def register_source(name: str, loader: Callable[..., DataBundle] | None = None, 
     default filled in. It runs in the driver, which imports no torch on Ray: keep a data plugin's module free
     of torch (docs/extending.md). A name another module registered is refused, naming both modules."""
     table = param_table(params, f"register_source({name!r})")
-    owner = module or caller_module()
-
-    def add(fn):
-        if not callable(fn):
-            raise RegistryError(f"register_source: the loader of {name!r} must be callable, got {fn!r}")
-        SOURCES.add(name, SourceSpec(name, fn, first_line(description, fn), table, needs_root, layout), owner)
-        return fn
-
-    return add if loader is None else add(loader)
+    return register_function(SOURCES, name, loader, module or caller_module(), "register_source",
+                             lambda fn: SourceSpec(name, fn, first_line(description, fn), table, needs_root, layout))
 
 
 for _spec in [
