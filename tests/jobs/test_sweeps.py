@@ -62,3 +62,21 @@ def test_scala_fashion_mnist_sweep_is_the_papers_protocol_seed_0_first(tmp_path)
             c.algorithm.params["batch_size"], c.algorithm.params["local_iters"]) == \
         ("fashion-mnist", "alexnet_split", 0.01, 10, 100, 320, 5)
     assert not (tmp_path / "s").exists()
+
+
+def test_fedccl_table4_sweep_is_the_papers_protocol_seed_0_first(tmp_path):
+    """FedCCL Table 4 on the full MNIST and Fashion-MNIST (jobs/sweeps/fedccl_table4.yaml): six methods x two data
+    sets x 3 seeds at §5.1's protocol, every cell's seed 0 first; MNIST from the dataset cache (data.download)."""
+    spec = load_sweep(ROOT / "jobs" / "sweeps" / "fedccl_table4.yaml", output_dir=tmp_path / "f")
+    assert len(spec.points) == 36 and [p.values["seed"] for p in spec.points] == [0] * 12 + [1] * 12 + [2] * 12
+    cfgs = [from_dict(p.config) for p in spec.points[:12]]
+    assert {(c.data.source, c.algorithm.name) for c in cfgs} == {
+        (s, a) for s in ("mnist", "fashion-mnist") for a in ("fedavg", "fedproc", "fedpcl", "fedproto", "fpl", "fedccl")}
+    for c in cfgs:
+        assert (c.model.name, c.data.partition.name, c.data.partition.params, c.data.partition.num_clients,
+                c.train.clients_per_round, c.train.rounds, c.train.local_epochs, c.train.batch_size, c.train.lr) == \
+            ("cnn4", "dirichlet", {"alpha": 0.05}, 10, 10, 100, 1, 64, 0.01)
+        assert (c.data.root, c.data.download) == ((None, True) if c.data.source == "mnist"
+                                                  else ("/usr/share/datasets/fashion-mnist", False))
+    assert next(c for c in cfgs if c.algorithm.name == "fedccl").algorithm.params["tau"] == 0.07
+    assert not (tmp_path / "f").exists()
