@@ -1,18 +1,18 @@
 #!/usr/bin/env python
-"""Benchmark: what checking cached partition shards costs (size + CRC-32 of every shard file).
+"""Benchmark: what checking a cached packed partition costs (size of every file + CRC-32 of every block).
 
 Prints a table; makes no assertions on time. Usage::
 
     python bench/bench_partition_verify.py [--repeats 5] [--reads 500] [--synthetic-clients 10000]
 
 Partitions: mnist5k (4,000 train rows, dirichlet alpha=0.3) with 100 and 1,000 clients, and the
-``synthetic`` source with N generating clients partitioned ``natural`` into N clients (one small shard
-each). For each: shard count and bytes; ``open`` (manifest only, what reuse cost before checksums);
-``verify_shards`` with 1, 2 and 4 threads (best of ``--repeats``, files in the page cache, as for a
-cache reused by the next run; a cold cache adds the disk read of the bytes listed); the CRC-32 the
-writer adds (one pass over the shard bytes, in memory); and the per-read cost of the CRC-32 check in
-``read_client`` (mean over ``--reads`` reads of clients 0, 1, ..., without and with ``check_reads``), next to the cost of
-one float32 pass over the same images, the least a training step does with them.
+``synthetic`` source with N generating clients partitioned ``natural`` into N clients. For each: packed
+files, blocks and bytes; ``open`` (meta, manifest index and block index, no data); ``verify_blocks`` with 1,
+2 and 4 threads (threads share the files; best of ``--repeats``, files in the page cache, as for a cache
+reused by the next run; a cold cache adds the disk read of the bytes listed); the CRC-32 the writer adds
+(one pass over the bytes, in memory); and the per-read cost of the CRC-32 check of the block a client's rows
+lie in (mean over ``--reads`` reads of clients 0, 1, ..., without and with ``check_reads``), next to the
+cost of one float32 pass over the same images, the least a training step does with them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -76,25 +77,26 @@ def main(argv: list[str] | None = None) -> int:
     ]
     ms = lambda s: f"{s * 1e3:8.1f}"  # noqa: E731
     us = lambda s: f"{s * 1e6:8.1f}"  # noqa: E731
-    print(f"{'partition':<18} {'clients':>7} {'MiB':>6} {'build ms':>8} {'open ms':>8} {'verify ms 1t':>12} "
+    print(f"{'partition':<18} {'clients':>7} {'files':>5} {'blocks':>6} {'MiB':>6} {'build ms':>8} {'open ms':>8} {'verify ms 1t':>12} "
           f"{'2t':>8} {'4t':>8} {'crc@write':>9} {'read us':>8} {'+crc us':>8} {'+f32 us':>8}")
     try:
         for label, bundle, spec in cases:
             t = time.perf_counter()
             st = build_partition(bundle, spec, root, overwrite=True)
             t_build = time.perf_counter() - t
-            files = [st.client_path(c) for c in range(st.num_clients)]
+            files = st.files
             nbytes = sum(p.stat().st_size for p in files)
+            blocks = len(pq.read_table(st.path / "blocks.parquet"))
             t_open = _best(lambda: PartitionStore.open(st.path), args.repeats)
-            t_verify = {w: _best(lambda: st.verify_shards(workers=w), args.repeats) for w in (1, 2, 4)}
+            t_verify = {w: _best(lambda: st.verify_blocks(workers=w), args.repeats) for w in (1, 2, 4)}
             blobs = [p.read_bytes() for p in files]
             t_crc = _best(lambda: [buffer_crc32(b) for b in blobs], args.repeats)
-            del blobs
+            blobs.clear()
             plain = PartitionStore.open(st.path, check_reads=False)
             t_read = _read_mean(plain, args.reads)
             t_read_crc = _read_mean(st, args.reads)
             t_read_f32 = _read_mean(plain, args.reads, to_float=True)
-            print(f"{label:<18} {st.num_clients:>7,} {nbytes / 2**20:>6.1f} {ms(t_build)} {ms(t_open)} "
+            print(f"{label:<18} {st.num_clients:>7,} {len(files):>5} {blocks:>6} {nbytes / 2**20:>6.1f} {ms(t_build)} {ms(t_open)} "
                   f"{ms(t_verify[1]):>12} {ms(t_verify[2])} {ms(t_verify[4])} {ms(t_crc):>9} "
                   f"{us(t_read)} {us(t_read_crc)} {us(t_read_f32)}")
     finally:

@@ -1,4 +1,5 @@
-"""fedray.data.store: the partition store (manifest + memory-mapped shards)."""
+"""fedray.data.store: the partition store (manifest, block index, packed memory-mapped files); its integrity
+checks (checksums, damaged blocks, older layouts, bounded memory) are in tests/data/test_packed.py."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import fedray.data.store as store_mod
-from fedray.data.partition import label_stats
+import fedray.data.packed as packed_mod
+from fedray.data.partition import label_stats, partition_indices
 from fedray.data.store import PartitionStore, build_partition
 from fedray.data.table import DataError, DatasetMeta, images_of, meta_of
 from tests.data.bundles import N_ROWS, toy_bundle as _bundle
@@ -22,13 +23,17 @@ def _no_tmp(root: Path) -> bool:
     return not [p for p in Path(root).iterdir() if p.name.startswith((".tmp-", ".old-"))]
 
 
-@pytest.mark.parametrize("spec", [
-    {"name": "iid", "num_clients": 13, "seed": 1},
-    {"name": "dirichlet", "num_clients": 40, "seed": 0, "alpha": 0.3},
-    {"name": "domain", "num_clients": 6, "seed": 0, "clients_per_domain": 2},
+SMALL = {"block_bytes": 20_000, "file_bytes": 150_000}  # 25-row batches, files of about 190 rows: many of both
+
+
+@pytest.mark.parametrize("spec, sizes", [
+    ({"name": "iid", "num_clients": 13, "seed": 1}, {}),
+    ({"name": "dirichlet", "num_clients": 40, "seed": 0, "alpha": 0.3}, {}),
+    ({"name": "dirichlet", "num_clients": 40, "seed": 0, "alpha": 0.3}, SMALL),
+    ({"name": "domain", "num_clients": 6, "seed": 0, "clients_per_domain": 2}, SMALL),
 ])
-def test_round_trip_lossless(tmp_path, bundle, spec):
-    st = build_partition(bundle, spec, tmp_path)
+def test_round_trip_lossless(tmp_path, bundle, spec, sizes):
+    st = build_partition(bundle, spec, tmp_path, **sizes)
     assert st.path == tmp_path / st.hash and len(st.hash) == 16
     assert st.num_clients == spec["num_clients"] and st.meta == bundle.meta
     assert st.spec["name"] == spec["name"]
@@ -38,16 +43,19 @@ def test_round_trip_lossless(tmp_path, bundle, spec):
     src_labels = bundle.train.labels
     src_dom = bundle.train.domains
     m = st.manifest
-    assert m.schema.field("row_ids").type == pa.list_(pa.int64())
+    assert m.column_names == ["client_id", "num_samples", "class_counts", "domain", "block", "block_row"]
     assert m.schema.field("class_counts").type == pa.list_(pa.int64())
     assert m.schema.field("domain").type == pa.int32()
+    parts = partition_indices(st.spec["name"], src_labels, num_clients=st.num_clients, seed=st.spec["seed"],
+                              domains=src_dom, **{k: v for k, v in st.spec.items() if k not in ("name", "num_clients", "seed")})
     seen = []
     for cid in range(st.num_clients):
         rows = st.row_ids(cid)
+        assert np.array_equal(rows, parts[cid])  # the partitioner's rows, in its order
         seen.append(rows)
         table = st.read_client(cid)
         assert table.column_names == ["image", "label", "domain", "row_id"]
-        assert meta_of(table) == bundle.meta  # a shard decodes on its own
+        assert meta_of(table) == bundle.meta  # a client's rows decode on their own
         assert np.array_equal(table.column("row_id").to_numpy(), rows)
         images, labels = st.client_arrays(cid)
         assert images.shape == (len(rows), 1, 28, 28) and images.dtype == np.uint8 and labels.dtype == np.int64
@@ -62,6 +70,37 @@ def test_round_trip_lossless(tmp_path, bundle, spec):
         assert np.array_equal(st.domains, [0, 0, 1, 1, 2, 2])
     PartitionStore.open(st.path, verify=True)
     assert _no_tmp(tmp_path)
+    assert sorted(p.name for p in st.path.iterdir()) == ["_COMPLETE", "blocks.parquet", "data", "manifest.parquet", "meta.json"]
+    assert len(st.files) == 1 if not sizes else len(st.files) >= 2
+
+
+def test_files_hold_every_client_in_order_in_batches_of_whole_clients(tmp_path, bundle):
+    spec = {"name": "dirichlet", "num_clients": 40, "seed": 0, "alpha": 0.3}
+    st = build_partition(bundle, spec, tmp_path, **SMALL)
+    assert 3 <= len(st.files) <= 12 and not (st.path / "clients").exists()
+    # read the files on their own, as any Arrow reader would: the rows of client 0, 1, 2, ... one after another
+    batches = [b for f in st.files for b in pa.ipc.open_stream(str(f))]
+    got = np.concatenate([b.column("row_id").to_numpy() for b in batches])
+    assert np.array_equal(got, np.concatenate([st.row_ids(c) for c in range(40)]))
+    assert max(b.nbytes for b in batches) < 20_000 + int(st.sizes.max()) * 800
+    # every non-empty client is a slice of one batch, at the index's row; its batch holds whole clients
+    blocks = pq.read_table(st.path / "blocks.parquet")
+    rows = blocks.column("rows").to_numpy()
+    batch_of_block = np.cumsum(rows > 0) - 1
+    starts = np.concatenate([[0], np.cumsum([b.num_rows for b in batches])])
+    for cid in np.flatnonzero(st.sizes):
+        ref = st.block_of(cid)
+        first = starts[batch_of_block[ref.index]] + st.manifest.column("block_row")[cid].as_py()
+        assert np.array_equal(got[first : first + st.sizes[cid]], st.row_ids(cid))
+        assert ref.rows == batches[batch_of_block[ref.index]].num_rows and ref.path in st.files
+    assert all(st.block_of(int(c)) is None for c in np.flatnonzero(st.sizes == 0))
+    # each file: schema block, record batches, end-of-stream block, tiling the file exactly
+    file_of = blocks.column("file").to_numpy()
+    for f, path in enumerate(st.files):
+        off = blocks.column("offset").to_numpy()[file_of == f]
+        nb = blocks.column("nbytes").to_numpy()[file_of == f]
+        assert off[0] == 0 and np.array_equal(off[1:], (off + nb)[:-1]) and (off + nb)[-1] == path.stat().st_size
+        assert rows[file_of == f][0] == 0 and rows[file_of == f][-1] == 0 and nb[-1] == 8
 
 
 def test_meta_json_and_open(tmp_path, bundle):
@@ -78,27 +117,37 @@ def test_meta_json_and_open(tmp_path, bundle):
         PartitionStore.open(tmp_path / "nope")
 
 
-def test_reading_is_zero_copy(tmp_path, bundle):
-    st = build_partition(bundle, {"name": "iid", "num_clients": 2, "seed": 0}, tmp_path)  # 600 rows, 470 KB each
+@pytest.mark.parametrize("spec", [
+    {"name": "iid", "num_clients": 2, "seed": 0},  # 600 rows, 470 KB each: a batch of its own
+    {"name": "dirichlet", "num_clients": 40, "seed": 0, "alpha": 0.3},  # clients sharing 128 KiB batches
+])
+def test_reading_is_zero_copy(tmp_path, bundle, spec):
+    st = build_partition(bundle, spec, tmp_path)
+    row = st.manifest.column("block_row").to_numpy()
+    cid = int(np.flatnonzero(row > 0)[0]) if spec["name"] == "dirichlet" else 1  # one in the middle of a batch
     st.client_arrays(0)  # warm up lazily allocated pyarrow state
     before = pa.total_allocated_bytes()
-    images, labels = st.client_arrays(1)
-    table = st.read_client(1)
+    images, labels = st.client_arrays(cid)
+    table = st.read_client(cid)
     grown = pa.total_allocated_bytes() - before
-    assert grown < 1 << 20, grown
-    assert images.nbytes > 400_000
+    assert grown == 0, grown
+    assert images.nbytes == st.sizes[cid] * 784 and np.array_equal(images, bundle.train.images()[st.row_ids(cid)])
     assert not images.flags.writeable and not labels.flags.writeable
     assert not images.flags.owndata  # a view, not a copy
-    buf = table.column("image").chunk(0).buffers()[-1]
+    col = table.column("image").chunk(0)
+    buf = col.buffers()[-1]
     assert not buf.is_mutable  # backed by the read-only memory map
     view = images_of(table, st.meta)
-    assert view.__array_interface__["data"][0] == buf.address  # numpy points straight into the mapping
+    ptr = view.__array_interface__["data"][0]
+    assert ptr == buf.address + col.offset * 784  # numpy points straight into the batch ...
+    mapping = st._packed._map(0).buf  # ... which lies inside the mapping of the packed file
+    assert mapping.address <= ptr and ptr + images.nbytes <= mapping.address + mapping.size
 
 
 def test_reuse_does_not_rewrite(tmp_path, bundle):
     spec = {"name": "dirichlet", "num_clients": 20, "seed": 0}
     st = build_partition(bundle, spec, tmp_path)
-    files = [st.path / "manifest.parquet", st.path / "meta.json", st.client_path(3)]
+    files = [st.path / "manifest.parquet", st.path / "meta.json", st.path / "blocks.parquet", st.files[0]]
     mtimes = [os.stat(f).st_mtime_ns for f in files]
     # same spec spelled differently (explicit default, numpy int) -> same directory, untouched
     st2 = build_partition(bundle, {**spec, "alpha": 0.3, "num_clients": np.int64(20)}, tmp_path)
@@ -111,7 +160,7 @@ def test_reuse_does_not_rewrite(tmp_path, bundle):
     assert build_partition(_bundle(seed=1, fingerprint="toy-v2"), spec, tmp_path).hash != st.hash
     # overwrite rewrites in place (new files) with the same hash
     st3 = build_partition(bundle, spec, tmp_path, overwrite=True)
-    assert st3.hash == st.hash and os.stat(st3.client_path(3)).st_mtime_ns >= mtimes[2]
+    assert st3.hash == st.hash and os.stat(st3.files[0]).st_mtime_ns >= mtimes[3]
     PartitionStore.open(st3.path, verify=True)
     assert _no_tmp(tmp_path)
 
@@ -122,22 +171,26 @@ def test_bundle_without_fingerprint_uses_content(tmp_path):
     assert a.hash != b.hash and a.source_fingerprint.startswith("content:")
 
 
-def test_corrupt_shard_names_file(tmp_path, bundle):
-    st = build_partition(bundle, {"name": "iid", "num_clients": 4, "seed": 0}, tmp_path)
-    path = st.client_path(2)
+def test_corrupt_packed_file_names_file(tmp_path, bundle):
+    st = build_partition(bundle, {"name": "iid", "num_clients": 4, "seed": 0}, tmp_path)  # a batch per client
+    path = st.block_of(2).path
+    assert st.block_of(1).path == path and st.block_of(1).index != st.block_of(2).index
+    st.read_client(1)  # the file is mapped now
     data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])  # truncated
-    with pytest.raises(DataError, match=str(path)):
+    path.write_bytes(data[: len(data) // 2])  # truncated under the mapping
+    with pytest.raises(DataError, match=rf"{path} \(client 2\): \d+ bytes"):
         st.read_client(2)
-    path.write_bytes(data[:-16] + b"\0" * 16)  # same size, footer destroyed
-    with pytest.raises(DataError, match=str(path)):
+    ref = st.block_of(2)
+    mid = ref.offset + ref.nbytes // 2
+    path.write_bytes(data[:mid] + b"\0" * 16 + data[mid + 16 :])  # same size, client 2's batch changed
+    with pytest.raises(DataError, match=rf"block {ref.index} of {path} \(client 2\): CRC-32"):
         st.client_arrays(2)
+    assert st.read_client(1).num_rows == 300  # the file's other blocks still read
     with pytest.raises(DataError, match=str(path)):
         PartitionStore.open(st.path, verify=True)
     path.unlink()
-    with pytest.raises(DataError, match=str(path)):
-        st.read_client(2)
-    st.read_client(1)  # the others still read
+    with pytest.raises(DataError, match=f"missing packed file {path}"):
+        PartitionStore.open(st.path).read_client(2)
 
 
 def test_corrupt_manifest_or_meta_names_file(tmp_path, bundle):
@@ -149,6 +202,18 @@ def test_corrupt_manifest_or_meta_names_file(tmp_path, bundle):
     # a corrupt directory under the right hash is rebuilt, not reused
     st2 = build_partition(bundle, {"name": "iid", "num_clients": 4, "seed": 0}, tmp_path)
     assert st2.path == st.path and pq.read_table(man).num_rows == 4
+    blocks = st.path / "blocks.parquet"
+    good = blocks.read_bytes()
+    blocks.write_bytes(good[:-40])
+    with pytest.raises(DataError, match="blocks.parquet"):
+        PartitionStore.open(st.path)
+    table = pq.read_table(man)  # an index that puts client 3's rows past the end of its batch
+    rows = table.column("block_row").to_numpy().copy()
+    rows[3] = 1
+    blocks.write_bytes(good)
+    pq.write_table(table.set_column(5, "block_row", pa.array(rows)), str(man))
+    with pytest.raises(DataError, match="manifest.parquet: a client's rows run past the end of its block"):
+        PartitionStore.open(st.path)
     (st.path / "meta.json").write_text("{not json")
     with pytest.raises(DataError, match="meta.json"):
         PartitionStore.open(st.path)
@@ -161,26 +226,26 @@ def test_failed_build_leaves_existing_output_intact(tmp_path, bundle, monkeypatc
     spec = {"name": "dirichlet", "num_clients": 30, "seed": 0}
     good = build_partition(bundle, spec, tmp_path)
     before = {p: p.read_bytes() for p in sorted(good.path.rglob("*")) if p.is_file()}
-    real = store_mod._write_shard
+    real = packed_mod._write_all
     calls = {"n": 0}
 
-    def flaky(path, table):
+    def flaky(fd, data):
         calls["n"] += 1
-        if calls["n"] == 10:
+        if calls["n"] == 10:  # in the middle of the second file
             raise OSError("disk full (injected)")
-        return real(path, table)
+        return real(fd, data)
 
-    monkeypatch.setattr(store_mod, "_write_shard", flaky)
+    monkeypatch.setattr(packed_mod, "_write_all", flaky)
     with pytest.raises(OSError, match="injected"):
-        build_partition(bundle, spec, tmp_path, overwrite=True)
+        build_partition(bundle, spec, tmp_path, overwrite=True, **SMALL)
     after = {p: p.read_bytes() for p in sorted(good.path.rglob("*")) if p.is_file()}
     assert after == before
     calls["n"] = 0
     other = {"name": "iid", "num_clients": 30, "seed": 0}
     with pytest.raises(OSError, match="injected"):
-        build_partition(bundle, other, tmp_path)
+        build_partition(bundle, other, tmp_path, **SMALL)
     assert sorted(p.name for p in tmp_path.iterdir()) == [good.hash]  # no half-written <hash>, no temp dirs
-    monkeypatch.setattr(store_mod, "_write_shard", real)
+    monkeypatch.setattr(packed_mod, "_write_all", real)
     assert build_partition(bundle, other, tmp_path).num_clients == 30
 
 
@@ -208,85 +273,3 @@ def test_spec_errors(tmp_path, bundle):
     with pytest.raises(DataError, match="domain column"):
         build_partition(_bundle(with_domain=False), {"name": "domain", "num_clients": 3, "seed": 0}, tmp_path)
     assert not any(tmp_path.iterdir())
-
-
-# ---------------------------------------------------------------------------------------- integrity
-def _damage(path: Path, how: str) -> None:
-    data = path.read_bytes()
-    if how == "truncated":
-        path.write_bytes(data[: len(data) // 2])
-    elif how == "overwritten":  # same size, image bytes in the middle changed: only a checksum sees it
-        mid = len(data) // 2
-        path.write_bytes(data[:mid] + bytes(255 - b for b in data[mid : mid + 64]) + data[mid + 64 :])
-    else:
-        path.unlink()
-
-
-def test_manifest_records_the_crc32_of_every_shard(tmp_path, bundle):
-    import zlib
-
-    st = build_partition(bundle, {"name": "dirichlet", "num_clients": 20, "seed": 0}, tmp_path)
-    crcs = st.manifest.column("shard_crc32").to_pylist()
-    assert crcs == [zlib.crc32(st.client_path(c).read_bytes()) for c in range(20)]
-    assert json.loads((st.path / "meta.json").read_text())["layout"] == store_mod.LAYOUT_VERSION == 2
-    # the hash (directory name, run.json) is the one pinned before checksums existed: FORMAT_VERSION stays 1
-    assert build_partition(bundle, {"name": "iid", "num_clients": 4, "seed": 0}, tmp_path).hash == "dec688399a769a41"
-    assert store_mod.FORMAT_VERSION == 1
-
-
-@pytest.mark.parametrize("how", ["truncated", "overwritten", "missing"])
-def test_damaged_shard_in_cache_is_detected_and_rebuilt(tmp_path, bundle, how):
-    spec = {"name": "dirichlet", "num_clients": 20, "seed": 0}
-    st = build_partition(bundle, spec, tmp_path)
-    path = st.client_path(7)
-    good = path.read_bytes()
-    other = os.stat(st.client_path(3)).st_mtime_ns
-    _damage(path, how)
-    lines = []
-    st2 = build_partition(bundle, spec, tmp_path, log=lines.append)
-    assert st2.hash == st.hash and st2.path == st.path
-    assert len(lines) == 1 and "client 7" in lines[0] and str(path) in lines[0] and "rebuilding" in lines[0]
-    assert path.read_bytes() == good  # rebuilt from the source, byte for byte
-    assert os.stat(st.client_path(3)).st_mtime_ns >= other
-    PartitionStore.open(st.path, verify=True)
-    assert _no_tmp(tmp_path)
-    lines.clear()
-    build_partition(bundle, spec, tmp_path, log=lines.append)  # intact now: reused silently
-    assert lines == []
-
-
-def test_open_verify_and_reads_name_the_damaged_client_and_file(tmp_path, bundle):
-    st = build_partition(bundle, {"name": "iid", "num_clients": 6, "seed": 0}, tmp_path)
-    for cid in (4, 2):
-        _damage(st.client_path(cid), "overwritten")
-    with pytest.raises(DataError, match=rf"client 2: {st.client_path(2)}: CRC-32 .*2 damaged shards: clients 2, 4"):
-        PartitionStore.open(st.path, verify=True)
-    with pytest.raises(DataError, match=rf"{st.client_path(4)} of client 4: CRC-32"):
-        st.client_arrays(4)  # a worker's read checks the checksum too
-    PartitionStore.open(st.path, check_reads=False).client_arrays(4)  # size check only: reads
-    _damage(st.client_path(3), "truncated")
-    with pytest.raises(DataError, match=r"client 2: .*3 damaged shards"):
-        st.verify_shards(workers=2)
-    with pytest.raises(DataError, match=rf"{st.client_path(3)} of client 3: \d+ bytes"):
-        st.read_client(3)
-
-
-def test_cache_written_without_checksums_is_rebuilt(tmp_path, bundle):
-    spec = {"name": "iid", "num_clients": 5, "seed": 0}
-    st = build_partition(bundle, spec, tmp_path)
-    # what an older fedray wrote: no shard_crc32 column, no "layout" in meta.json
-    man = st.path / "manifest.parquet"
-    pq.write_table(pq.read_table(man).drop_columns(["shard_crc32"]), str(man), compression="zstd")
-    doc = json.loads((st.path / "meta.json").read_text())
-    del doc["layout"]
-    (st.path / "meta.json").write_text(json.dumps(doc))
-    old = PartitionStore.open(st.path)  # still readable (size checks only) ...
-    assert old.read_client(1).num_rows == st.sizes[1]
-    with pytest.raises(DataError, match="older fedray without shard checksums"):
-        PartitionStore.open(st.path, verify=True)  # ... but cannot be verified
-    lines = []
-    st2 = build_partition(bundle, spec, tmp_path, log=lines.append)
-    assert st2.hash == st.hash and len(lines) == 1 and "without shard checksums" in lines[0]
-    assert "shard_crc32" in pq.read_table(man).column_names
-    assert json.loads((st.path / "meta.json").read_text())["layout"] == 2
-    PartitionStore.open(st.path, verify=True)

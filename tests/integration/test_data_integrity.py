@@ -1,14 +1,16 @@
 """A damaged cached partition is detected when a run starts and rebuilt from the source, so a run never
-trains on a damaged shard and its result equals a run on an intact cache (reliability issue, item 4)."""
+trains on a damaged block and its result equals a run on an intact cache (reliability issue, item 4)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
 import pytest
 
 from fedray.config import from_dict
+from fedray.data.store import PartitionStore
 from fedray.engine.runner import run_experiment
 from tests.helpers import small_config
 
@@ -32,19 +34,23 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("how", ["truncated", "overwritten"])
-def test_a_damaged_shard_is_rebuilt_before_the_run_trains(tmp_path, reference, how):
+def test_a_damaged_block_is_rebuilt_before_the_run_trains(tmp_path, reference, how):
     weights, part = reference
     cache = tmp_path / "cache"
     shutil.copytree(part, cache / part.name)
-    shard = cache / part.name / "clients" / f"{SAMPLED:06d}.arrow"
-    good = shard.read_bytes()
-    mid = len(good) // 2
+    ref = PartitionStore.open(cache / part.name).block_of(SAMPLED)  # the record batch holding the client's rows
+    good = ref.path.read_bytes()
+    mid = ref.offset + ref.nbytes // 2
     if how == "truncated":
-        shard.write_bytes(good[:mid])
-    else:  # same size, pixels in the middle changed: a size check cannot see it
-        shard.write_bytes(good[:mid] + bytes(255 - b for b in good[mid : mid + 256]) + good[mid + 256 :])
+        ref.path.write_bytes(good[:mid])
+    else:  # same size, pixels in the middle of the block changed: a size check cannot see it
+        ref.path.write_bytes(good[:mid] + bytes(255 - b for b in good[mid : mid + 256]) + good[mid + 256 :])
     res, lines = _run(tmp_path, cache)
     damaged = [ln for ln in lines if "partition cache damaged" in ln]
-    assert len(damaged) == 1 and f"client {SAMPLED}" in damaged[0] and str(shard) in damaged[0]
-    assert shard.read_bytes() == good
+    assert len(damaged) == 1 and str(ref.path) in damaged[0]
+    if how == "overwritten":
+        assert f"damaged block {ref.index} of {ref.path}" in damaged[0]
+        first, last = re.search(r"clients? (\d+)(?:\.\.(\d+))?\)", damaged[0]).groups()
+        assert int(first) <= SAMPLED <= int(last or first)
+    assert ref.path.read_bytes() == good
     assert res.failed is None and res.weights_hash == weights
