@@ -578,7 +578,7 @@ def console() -> None:
 def _failed(args, e: Exception) -> int:
     """Exit status and one line for the errors a user can fix; anything else propagates (imported here, not
     at start: pyarrow for DataError alone costs 0.2 s of every command's start)."""
-    from fedray.config import ConfigError
+    from fedray.core.errors import ConfigError, DiskFull
     from fedray.core.ray_env import RayConnectError
     from fedray.data.table import DataError
     from fedray.engine.dispatch import RoundAborted, RunAborted
@@ -589,7 +589,7 @@ def _failed(args, e: Exception) -> int:
     if isinstance(e, RayConnectError):
         print(f"fedray {args.command}: error: cannot join Ray: {e}", file=sys.stderr)
         return 2
-    if isinstance(e, (RoundAborted, RunAborted)):
+    if isinstance(e, (RoundAborted, RunAborted, DiskFull)):
         cause = getattr(e, "cause", None) or e  # a Ray task error keeps the coordinator's exception as its cause
         print(f"fedray {args.command}: run failed: {cause}", file=sys.stderr)
         return 1

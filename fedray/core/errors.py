@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "TransientError"]
+__all__ = ["ConfigError", "DiskFull", "TransientError"]
 
 
 class ConfigError(ValueError):
@@ -12,3 +12,11 @@ class ConfigError(ValueError):
 class TransientError(RuntimeError):
     """A client failure that a retry may not meet again (an injected fault, a flaky resource): retried by the
     failure policy, where an error of the client's code (a deterministic TypeError, AttributeError, ...) is not."""
+
+
+class DiskFull(OSError):
+    """A write failed because the disk (or a quota) is full: ``ENOSPC`` / ``EDQUOT``, with a message naming the file
+    (:mod:`fedray.core.io`). The file written is as it was before; a run stops loudly with this reason."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)

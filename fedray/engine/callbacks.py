@@ -118,7 +118,13 @@ class Checkpointer(Callback):
         done = loop.result.rounds[-1]["round"] if loop.result.rounds else 0
         if (interrupted or loop.result.failed) and done > self.last:
             try:
-                self.rd.save_checkpoint(loop.engine.state_dict(), keep=self.keep)
+                state = loop.engine.state_dict()
+                if int(state["round"]) != done:  # a round ran but its row was not written (a full disk): a
+                    # checkpoint of it would skip that round on --resume; the last checkpoint stays the one
+                    self.log(f"[fedray] no final checkpoint: the coordinator is at round {state['round']}, the "
+                             f"last recorded round is {done}")
+                    return
+                self.rd.save_checkpoint(state, keep=self.keep)
             except Exception as e:  # noqa: BLE001
                 self.log(f"[fedray] could not write the final checkpoint: {e}")
 

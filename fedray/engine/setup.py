@@ -124,6 +124,9 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         rd = RunDir(Path(cfg.output.root) / default_run_name(cfg))
         _claim_run_dir(rd, cfg, overwrite)
     rd.create()
+    for stale in rd.remove_temp_files():  # of writes a killed driver left half-done; never read
+        log(f"[fedray] removed {stale.relative_to(rd.path)}, the temporary file of an interrupted write")
+    rd.reserve_space()
     info = {"config_hash": config_hash(cfg), "partition_hash": store.hash, "source": cfg.data.source,
             "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
             "python": platform.python_version(), "status": "running",
@@ -142,17 +145,21 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
 
 
 def fail_run(run: Run, engine, result: RunResult, log=print) -> None:
-    """A run that cannot produce a trustworthy result: ``run.json`` says ``failed`` with the reason; the
-    checkpoint of the last good round stays (the Checkpointer wrote it); no final weights or summary."""
+    """A run that cannot produce a trustworthy result: ``run.json`` says ``failed`` with the reason (on a full disk
+    too: the run directory's reserve is freed first); the checkpoint of the last good round stays (the
+    Checkpointer wrote it); no final weights or summary."""
     if engine is not None:
         try:
             engine.close()
         except Exception:  # noqa: BLE001 - the coordinator may be the thing that died
             pass
-    info = run.rd.read_json("run.json")
+    rd = run.rd
+    rd.release_space()  # on a full disk, the room to say so
+    rd.drop_unrecorded()  # a round whose metrics row could not be written is not recorded
+    info = rd.read_json("run.json")
     info.update(status="failed", error=result.failed)
-    run.rd.write_json("run.json", info)
-    log(f"[fedray] failed: {result.failed} | outputs in {run.rd.path}")
+    rd.write_json("run.json", info)
+    log(f"[fedray] failed: {result.failed} | outputs in {rd.path}")
 
 
 def finish_run(run: Run, engine, result: RunResult, log=print) -> RunResult:
@@ -180,6 +187,7 @@ def finish_run(run: Run, engine, result: RunResult, log=print) -> RunResult:
     info = rd.read_json("run.json")
     info["status"] = run_status(result)
     rd.write_json("run.json", info)
+    rd.release_space()
     restarts = f" | coordinator restarts {result.coordinator_restarts}" if result.coordinator_restarts else ""
     log(f"[fedray] {'stopped' if result.interrupted else 'finished'}: accuracy {result.accuracy:.4f} | "
         f"weights {result.weights_hash}{restarts} | outputs in {rd.path}")

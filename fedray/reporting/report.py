@@ -102,6 +102,7 @@ def describe_run(path: str | Path) -> str:
     lines = [
         f"run directory:   {rd.path}",
         f"status:          {status}",
+        *([f"reason:          {run['error']}"] if run.get("error") else []),
         f"algorithm:       {run.get('algorithm', cfg.algorithm.name)}",
         f"model:           {run.get('model', cfg.model.name)}",
         f"source:          {run.get('source', cfg.data.source)}",

@@ -16,13 +16,15 @@ Layout of ``<output.root>/<name>/``::
     wandb/                 W&B's run folders (offline-run-*), when output.wandb is on
     summary.json           final metrics and the weights hash (written at the end)
     final_weights.npy      final global weights (flat float32)
+    .space-reserve         256 KiB held while the run writes here, freed to record a failure on a full disk
 
-Every file is written either append-only (metrics.jsonl) or by write-to-temp-then-rename, so a crash
-at any moment leaves the previous version intact.
+Every file is written either append-only (metrics.jsonl, a failed append cut back) or by write-to-temp-then-rename,
+so a crash or a full disk at any moment leaves the previous version intact.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -33,7 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from fedray.core.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
-from fedray.core.io import atomic_write_text, atomic_writer
+from fedray.core.errors import DiskFull
+from fedray.core.io import append_bytes, atomic_write_text, atomic_writer, is_temp_name
+
+#: Bytes a run directory keeps in reserve (:meth:`RunDir.reserve_space`) so that a run stopped by a full disk can
+#: still record why in run.json.
+RESERVE_BYTES = 256 * 1024
 
 
 def _jsonable(x):
@@ -78,11 +85,8 @@ class RunDir:
 
     # --------------------------------------------------------------------------- metrics
     def append_metrics(self, row: dict) -> None:
-        line = json.dumps(_jsonable(row), sort_keys=True) + "\n"
-        with open(self.metrics_path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        """One row, appended whole or not at all (:func:`fedray.core.io.append_bytes`)."""
+        append_bytes(self.metrics_path, (json.dumps(_jsonable(row), sort_keys=True) + "\n").encode())
 
     def read_metrics(self) -> list[dict]:
         if not self.metrics_path.exists():
@@ -105,6 +109,15 @@ class RunDir:
         atomic_write_text(self.metrics_path, "".join(json.dumps(_jsonable(r), sort_keys=True) + "\n" for r in rows))
         for f in (self.path / "ledger").glob("round-*.parquet"):
             if int(f.stem.rsplit("-", 1)[1]) > last_round:
+                f.unlink(missing_ok=True)
+
+    def drop_unrecorded(self) -> None:
+        """Delete the ledger files of rounds after the last row of ``metrics.jsonl``: a round whose row could not be
+        written (a full disk) is not recorded, and ``--resume`` runs it again."""
+        rows = self.read_metrics()
+        last = int(rows[-1]["round"]) if rows else 0
+        for f in (self.path / "ledger").glob("round-*.parquet"):
+            if int(f.stem.rsplit("-", 1)[1]) > last:
                 f.unlink(missing_ok=True)
 
     def write_ledger(self, rnd: int, rows: list[dict]) -> None:
@@ -185,8 +198,44 @@ class RunDir:
         """Delete every file a run writes here (``--overwrite``): a new run starts from nothing."""
         for name in ("checkpoints", "ledger", "client_state", "tb", "faults", "mlflow", "wandb"):
             shutil.rmtree(self.path / name, ignore_errors=True)
-        for name in ("metrics.jsonl", "summary.json", "final_weights.npy", "run.json", "config.yaml", "trackers.json"):
+        for name in ("metrics.jsonl", "summary.json", "final_weights.npy", "run.json", "config.yaml", "trackers.json",
+                     self.RESERVE):
             (self.path / name).unlink(missing_ok=True)
+
+    def remove_temp_files(self) -> list[Path]:
+        """Delete the temporary files of writes that a killed process left half-done (:func:`fedray.core.io.is_temp_name`;
+        never read, since a write becomes visible only by its rename); only while no process writes here. Returns them."""
+        dirs = [self.path, self.path / "checkpoints", self.path / "ledger"]
+        files = [p for d in dirs if d.is_dir() for p in d.iterdir()]
+        files += list(self.state_path.rglob(".*")) if self.state_path.is_dir() else []
+        stale = [p for p in files if p.is_file() and is_temp_name(p.name)]
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return stale
+
+    # --------------------------------------------------------------------------- disk space
+    RESERVE = ".space-reserve"
+
+    def reserve_space(self) -> None:
+        """Hold :data:`RESERVE_BYTES` of disk in ``.space-reserve`` while the run writes here: when the disk fills up,
+        :meth:`release_space` frees it so that run.json can still say why the run failed."""
+        path = self.path / self.RESERVE
+        if path.is_file() and path.stat().st_size >= RESERVE_BYTES:
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(e.errno, f"no space left on device for the run directory {self.path} (a run keeps "
+                                        f"{RESERVE_BYTES // 1024} KiB there to record how it ends)") from e
+            raise
+        finally:
+            os.close(fd)
+
+    def release_space(self) -> None:
+        (self.path / self.RESERVE).unlink(missing_ok=True)
 
 
 class TensorBoardLogger:
