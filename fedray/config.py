@@ -48,7 +48,7 @@ class DataConfig:
     params: dict[str, Any] = field(default_factory=dict)  # source parameters
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     normalize: bool = True  # (x/255 - mean)/std with the dataset statistics
-    cache_dir: str | None = None  # where partitions (manifest + shards) live; default <output.root>/_partitions
+    cache_dir: str | None = None  # where partitions (manifest + packed files) live; default <output.root>/_partitions
     download: bool = False  # fetch the source's files into data.root when its layout is missing (fedray/data/fetch.py)
     mirrors: list[str] = field(default_factory=list)  # base URLs data.download tries first, then $FEDRAY_DATA_MIRRORS
 

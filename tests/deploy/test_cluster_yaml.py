@@ -452,7 +452,8 @@ def test_runtime_env_excludes_upload_only_code(tmp_path):
     keep = ["fedray/config.py", "jobs/train.py", "jobs/configs/cluster_gpu.yaml", "cluster/runtime_env.yaml",
             "tuning/__init__.py", "pyproject.toml", "fedray/data/embedded/readme.txt"]
     drop = ["runs/fedavg-1/metrics.jsonl", "runs/_partitions/c0.arrow", "runs-gpu/x/rounds.parquet",
-            "runs-gpu/x/_partitions/c1.arrow", ".venv/bin/python", ".venv/lib/site.py", "data/mnist/train.npz",
+            "runs-gpu/x/_partitions/c1.arrow", "runs-gpu/cache/h/data/part-00000.arrows", ".venv/bin/python",
+            ".venv/lib/site.py", "data/mnist/train.npz",
             "bench/out/t.json", ".fedray/cache.db", ".git/HEAD", "fedray/__pycache__/config.cpython-311.pyc",
             "fedray.egg-info/PKG-INFO", ".pytest_cache/v/x", "study/_partitions/c2.arrow"]
     for rel in keep + drop:
