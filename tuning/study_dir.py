@@ -6,14 +6,13 @@ the outputs of :mod:`tuning.outputs` (``trials.csv``, ``trials.md``, ``best_conf
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 from pathlib import Path
 
 from fedray.apps.launcher import output_lock
 from fedray.config import ConfigError
 from fedray.core.io import atomic_write_text
+from fedray.core.owner import owner_record, settle_sessions
 from tuning.backend import is_url, mask_url
 from tuning.space import DEFAULT_OUTPUT_DIR, StudySpec
 
@@ -91,14 +90,16 @@ class StudyDir:
                               f"--resume to continue it, or remove the directory")
 
     def open_session(self, recorded: dict | None, storage_url: str, session: dict) -> dict:
-        """study.json with one more session (``session``: its id, seed, resources), written; returns it."""
+        """study.json with one more session (``session``: its id, seed, resources; the driver: pid, host, process
+        start, :func:`fedray.core.owner.owner_record`), written; returns it. An earlier session still ``running``
+        belongs to a dead driver (this one holds ``driver.lock``): it is marked ``killed`` with the reason."""
         spec = self.spec
         info = recorded or {"name": spec.name, "storage": mask_url(storage_url), "study_file": spec.source_path,
                             "base_config": spec.base_config_path, "identity_hash": spec.identity_hash(),
                             "directions": spec.directions, "created_at": time.time(), "sessions": []}
-        info.setdefault("sessions", []).append({"pid": os.getpid(), "host": socket.gethostname(),
-                                                "started_at": time.time(), "overrides": spec.overrides,
-                                                "status": "running", **session})
+        for dead in settle_sessions(info.setdefault("sessions", []), lock_held=True):  # we hold driver.lock
+            dead["found_by"] = session.get("id")
+        info["sessions"].append({**owner_record(), "overrides": spec.overrides, "status": "running", **session})
         self.write(info)
         return info
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fedray.apps.launcher import Job, RunOutcome, log_writer
 from fedray.apps.slices import apply_slice
 from fedray.config import ConfigError, ExperimentConfig, from_dict
+from fedray.engine.claim import settle_run_json
 from tuning.objective import MetricError, MetricTracker
 from tuning.space import StudySpec
 from tuning.study_dir import StudyDir
@@ -153,7 +154,8 @@ def enqueue_retry(study, spec: StudySpec, number: int, params: dict, reason: str
 
 def recover(study, spec: StudySpec, log) -> None:
     """At ``--resume`` (the driver lock is held: no other driver is alive): a trial still RUNNING was left by a dead
-    driver, it is marked FAIL (``orphaned``) and its params enqueued once; an interrupted one is enqueued once."""
+    driver, it is marked FAIL (``orphaned``), its run's run.json ``killed`` and its params enqueued once; an
+    interrupted one is enqueued once."""
     from optuna.trial import TrialState
 
     storage = study._storage
@@ -162,8 +164,11 @@ def recover(study, spec: StudySpec, log) -> None:
             queued = enqueue_retry(study, spec, t.number, t.params, "orphaned")  # enqueue first, then fail it
             storage.set_trial_user_attr(t._trial_id, "orphaned", True)
             study.tell(t.number, state=TrialState.FAIL)
+            run_dir = t.user_attrs.get("run_dir")
+            killed = settle_run_json(run_dir) if run_dir else None  # its run.json: killed, not running
             log(f"[tune] trial {t.number} was left running by a dead driver: marked FAIL"
-                + (", re-enqueued with the same params" if queued else ""))
+                + (", re-enqueued with the same params" if queued else "")
+                + (f"; its run {run_dir} marked killed" if killed else ""))
         elif t.state == TrialState.FAIL and (t.user_attrs.get("interrupted") or t.user_attrs.get("orphaned")):
             if enqueue_retry(study, spec, t.number, t.params, "interrupted"):
                 log(f"[tune] trial {t.number} was interrupted: re-enqueued with the same params")

@@ -5,7 +5,9 @@ directory ``<output_dir>/runs/<algorithm>-<config hash>`` (the name ``fedray run
 Several points run at once through :class:`fedray.apps.launcher.Launcher`, each with its own coordinator and
 client workers, a slice of the Ray cluster sized as ``fedray tune`` sizes trials (:mod:`fedray.apps.slices`).
 
-Outputs in the output directory: ``sweep.json`` (the resolved sweep: base config, points, tables),
+Outputs in the output directory: ``sweep.json`` (the resolved sweep: base config, points, tables; its driver
+sessions, each with its pid, host and end: ``running``, ``finished``, ``interrupted``, ``crashed``, or ``killed``
+when a later session found its driver dead),
 ``sweep.parquet`` (one row per point, :data:`COLUMNS`; rewritten atomically whenever a point ends),
 ``tables/<table>.<metric>.{md,csv,tex}`` and ``tables.md`` (the ``table:`` pivots, mean ± std over seeds,
 by :mod:`fedray.reporting.seeds`), ``report/`` (``fedray report`` of all finished runs: per-run summary, groups,
@@ -13,7 +15,8 @@ curves with seed bands), ``logs/pNNN.log`` (each point's driver log) and ``runs/
 
 ``--resume`` (the output directory holds a sweep): finished points are kept and not run again; a point left
 ``running`` (its driver was killed) or ``interrupted`` continues from its last checkpoint (engine resume,
-the same numbers as an uninterrupted run) or starts over when it has none; a ``failed`` point starts over
+the same numbers as an uninterrupted run) or starts over when it has none (its run.json reads ``killed``
+meanwhile: :func:`fedray.core.owner.read_run_status`); a ``failed`` point starts over
 from round 1 (its error is kept in its old ``run.json`` only until then). An exclusive lock on
 ``sweep.lock`` guarantees that no other driver is running the sweep, so a ``running`` point is orphaned.
 
@@ -27,6 +30,7 @@ import json
 import math
 import os
 import signal
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from fedray.apps.slices import apply_slice, plan_slices
 from fedray.apps.sweep_spec import SweepSpec, TableSpec, load_sweep
 from fedray.config import ConfigError, from_dict
 from fedray.core.io import atomic_write_text, atomic_writer
+from fedray.core.owner import owner_record, read_run_status, settle_sessions
 from fedray.reporting.rundir import RunDir
 
 RECORD = "sweep.json"
@@ -72,12 +77,12 @@ class SweepResult:
 
 # ------------------------------------------------------------------------------------------- rows
 def _run_status(rd: RunDir) -> str | None:
+    """A point's run status (None: not started); a run whose driver died says ``killed``
+    (:func:`fedray.core.owner.read_run_status`)."""
     if not rd.holds_run():
         return None
-    try:
-        return str(rd.read_json("run.json").get("status", "running"))
-    except (OSError, ValueError):
-        return "running"
+    info, status, _ = read_run_status(rd.path)
+    return status if info else "running"
 
 
 def point_row(spec: SweepSpec, i: int, status: str, **extra) -> dict:
@@ -264,7 +269,7 @@ def _job(spec: SweepSpec, i: int, slices: dict, resume: bool, kill_at) -> tuple[
             os.kill(os.getpid(), signal.SIGKILL)
 
     log_path = spec.output_dir / "logs" / f"p{i:03d}.log"
-    ck = rd.latest_checkpoint() if status in ("running", "interrupted", "stopped") else None
+    ck = rd.latest_checkpoint() if status in ("running", "killed", "interrupted", "stopped") else None
     if ck is not None:
         return Job(i, resume=p.run_dir, log_path=log_path, on_round=on_round), RunDir.checkpoint_round(ck)
     cfg = from_dict(apply_slice(json.loads(json.dumps(p.config)), slices))
@@ -294,7 +299,41 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
     out = spec.output_dir
     kill_at = _kill_at()
     _prepare(spec, log)
-    atomic_write_text(out / RECORD, json.dumps(_record(spec, slices), indent=1, default=str) + "\n")
+    record = _record(spec, slices)
+    record["sessions"] = _sessions(out, resume, log)
+    _write_record(out, record)
+    try:
+        result = _run_points(spec, resume, cap, slices, kill_at, log)
+    except BaseException:
+        record["sessions"][-1].update(status="crashed", ended_at=time.time())
+        _write_record(out, record)
+        raise
+    record["sessions"][-1].update(status="interrupted" if result.interrupted else "finished", ended_at=time.time(),
+                                  failed_points=[r["point"] for r in result.failed])
+    _write_record(out, record)
+    return result
+
+
+def _write_record(out: Path, record: dict) -> None:
+    atomic_write_text(out / RECORD, json.dumps(record, indent=1, default=str) + "\n")
+
+
+def _sessions(out: Path, resume: bool, log) -> list[dict]:
+    """sweep.json's driver sessions with this one (``running``); an earlier one still ``running`` belongs to a dead
+    driver (this one holds sweep.lock): marked ``killed`` with the reason."""
+    sessions: list[dict] = []
+    if resume and (out / RECORD).is_file():
+        try:
+            sessions = list(json.loads((out / RECORD).read_text()).get("sessions", []))
+        except (OSError, ValueError):
+            sessions = []
+    for dead in settle_sessions(sessions, lock_held=True):
+        log(f"[sweep] an earlier session of this sweep: {dead['reason']}")
+    return [*sessions, {**owner_record(), "resume": resume, "status": "running"}]
+
+
+def _run_points(spec: SweepSpec, resume: bool, cap: int, slices: dict, kill_at, log) -> SweepResult:
+    out = spec.output_dir
     (out / "logs").mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     todo: list[Job] = []

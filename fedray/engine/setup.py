@@ -14,12 +14,13 @@ import numpy as np
 
 from fedray.config import ConfigError, ExperimentConfig, config_hash, dump_config, load_config
 from fedray.core.io import atomic_write_bytes, atomic_write_text
+from fedray.core.owner import describe_owner, owner_record, read_run_status
 from fedray.data.fetch import data_root, ensure_data
 from fedray.data.sources import load_source
 from fedray.data.store import PartitionStore, build_partition
 from fedray.data.table import DataBundle
 from fedray.engine.callbacks import Trackers
-from fedray.engine.claim import check_run_dir, default_run_name
+from fedray.engine.claim import check_run_dir, default_run_name, refuse_live_owner
 from fedray.engine.launch import EarlyStart
 from fedray.plugins import check_data_fit, check_driver, check_output_root, check_registries
 from fedray.reporting.rundir import RunDir
@@ -102,11 +103,13 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
     coordinator actor, after the data is ready (:meth:`EarlyStart.check`): this process never imports torch
     for them. Either way they come before the run directory is claimed."""
     t_start = time.perf_counter()
+    resumes: list[dict] = []
     if resume is not None:
         rd = RunDir(resume)
         if not (rd.path / "config.yaml").is_file():
             raise ConfigError(f"--resume {str(resume)!r}: not a run directory (no config.yaml)")
         cfg = load_config(rd.path / "config.yaml")
+        resumes = _resume_history(rd, log)  # refuses a run whose driver still lives
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
     if early is None:
@@ -129,8 +132,10 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
     rd.reserve_space()
     info = {"config_hash": config_hash(cfg), "partition_hash": store.hash, "source": cfg.data.source,
             "source_fingerprint": bundle.fingerprint, "algorithm": cfg.algorithm.name, "model": cfg.model.name,
-            "python": platform.python_version(), "status": "running",
+            "python": platform.python_version(), "status": "running", "owner": owner_record(),
             "num_clients": int(store.num_clients), "partition_path": str(store.path)}
+    if resume is not None:
+        info["resumes"] = resumes
     if cfg.plugins:  # the user's code this run ran: digests (also in the config hash), origins, versions
         from fedray.core.plugin_loader import provenance
 
@@ -142,6 +147,21 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
     rd.write_json("run.json", info)
     return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start,
                trackers=trackers, t_data=t_data)
+
+
+def _resume_history(rd: RunDir, log) -> list[dict]:
+    """run.json's earlier resumes and this one: the status it found (a dead driver's ``running`` is ``killed``,
+    :func:`~fedray.core.owner.read_run_status`), why, and the driver that wrote it. A ConfigError when that driver
+    still runs."""
+    info, status, reason = read_run_status(rd.path)
+    refuse_live_owner(rd.path, info)
+    owner = info.get("owner")
+    if status == "running" and owner:  # another host's driver (or no /proc): nothing here can tell
+        log(f"[fedray] {rd.path}: run.json says its driver ({describe_owner(owner)}) is running it, which cannot be "
+            f"checked from here; resuming (if it still runs, stop it: two drivers would write the same files)")
+    elif status == "killed":
+        log(f"[fedray] {rd.path}: {reason}; resuming it")
+    return [*info.get("resumes", []), {"at": time.time(), "status": status, "reason": reason, "owner": owner}]
 
 
 def fail_run(run: Run, engine, result: RunResult, log=print) -> None:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from fedray.core.io import atomic_write_bytes, atomic_write_text
+from fedray.core.owner import describe_owner, read_run_status
 from fedray.reporting.rundir import RunDir
 
 
@@ -95,14 +96,15 @@ def describe_run(path: str | Path) -> str:
             raise FileNotFoundError(f"{str(path)!r} is not a run directory: {name} is missing")
     # what the run recorded, not checked against the code installed now (its plugins may have changed since)
     cfg = from_dict(read_config_file(rd.path / "config.yaml"), validate=False)
-    run, s = rd.read_json("run.json"), summarize(rd)
+    run, status, reason = read_run_status(rd.path)  # a dead driver's "running" is "killed", with why
+    s = summarize(rd)
     final = rd.read_json("summary.json") if (rd.path / "summary.json").is_file() else {}
     ckpt = rd.latest_checkpoint()
-    status = run.get("status", "unknown")
     lines = [
         f"run directory:   {rd.path}",
-        f"status:          {status}",
-        *([f"reason:          {run['error']}"] if run.get("error") else []),
+        f"status:          {status}" + (f" (its driver: {describe_owner(run['owner'])})"
+                                        if status == "running" and run.get("owner") else ""),
+        *([f"reason:          {reason}"] if reason and status != "finished" else []),
         f"algorithm:       {run.get('algorithm', cfg.algorithm.name)}",
         f"model:           {run.get('model', cfg.model.name)}",
         f"source:          {run.get('source', cfg.data.source)}",
@@ -290,7 +292,9 @@ def report(paths: list[str | Path], out: str | Path | None = None, *, metric: st
     columns = list(dict.fromkeys(k for s in summaries for k in s if k != "domain_accuracy"))
     atomic_write_text(out_dir / "summary.csv", _csv(summaries, columns))
 
+    unfinished = _unfinished(run_dirs, summaries)
     groups, notes = group_runs(run_dirs, summaries)
+    notes = [*unfinished, *notes]
     grouped = format_groups(groups, target, extra)
     atomic_write_text(out_dir / "groups.md", grouped + "\n" + "".join(f"\nnote: {n}" for n in notes))
     atomic_write_text(out_dir / "groups.csv", _csv(_group_rows(groups, target, extra)))
@@ -300,12 +304,23 @@ def report(paths: list[str | Path], out: str | Path | None = None, *, metric: st
     atomic_write_text(out_dir / "table.csv", pivot_csv(piv))
     atomic_write_text(out_dir / "table.tex", pivot_latex(piv))
     pngs = plot_runs(run_dirs, out_dir, groups)
-    text = table
+    text = table + ("".join(f"\nnote: {n}" for n in unfinished) if len(run_dirs) == 1 else "")
     if len(run_dirs) > 1:
         text += "\n\n" + grouped + "\n\n" + pivot_md + "".join(f"\nnote: {n}" for n in notes)
     files = [out_dir / n for n in ("summary.md", "summary.csv", "groups.md", "groups.csv", "table.md",
                                    "table.csv", "table.tex")]
     return text, [*files, *pngs]
+
+
+def _unfinished(run_dirs: list[RunDir], summaries: list[dict]) -> list[str]:
+    """One note per run that has not finished: its status (a dead driver's ``running`` is ``killed``) and why."""
+    notes = []
+    for rd, s in zip(run_dirs, summaries):
+        _, status, reason = read_run_status(rd.path)
+        if status != "finished":
+            notes.append(f"{rd.path.name} is {status} after round {s['rounds']}" + (f" ({reason})" if reason else "")
+                         + f"; `fedray run --resume {rd.path}` continues it")
+    return notes
 
 
 def _csv(rows: list[dict], fieldnames: list[str] | None = None) -> str:

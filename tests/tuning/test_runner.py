@@ -141,7 +141,7 @@ def test_resume_after_sigkill(tmp_path, partition_cache, monkeypatch, ray_sessio
     cmd = [sys.executable, "-m", "jobs.tune", "--study", str(study_file), "--output-dir", str(out)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     def ready_to_kill() -> bool:
-        """A trial has completed and another one is running (started: its params are complete)."""
+        """A trial has completed and another one is running (its run has started: run.json written)."""
         if not journal.exists():
             return False
         try:
@@ -149,7 +149,8 @@ def test_resume_after_sigkill(tmp_path, partition_cache, monkeypatch, ray_sessio
         except KeyError:  # the study is not created yet
             return False
         return (any(t.state.name == "COMPLETE" for t in ts)
-                and any(t.state.name == "RUNNING" and "run_dir" in t.user_attrs for t in ts))
+                and any(t.state.name == "RUNNING" and "run_dir" in t.user_attrs
+                        and (Path(t.user_attrs["run_dir"]) / "run.json").is_file() for t in ts))
 
     try:
         deadline = time.time() + 150
@@ -193,7 +194,13 @@ def test_resume_after_sigkill(tmp_path, partition_cache, monkeypatch, ray_sessio
     assert all(t.state.name in ("COMPLETE", "FAIL") for t in after.values())
     info = json.loads((out / "crash" / "study.json").read_text())
     assert [s["resume"] for s in info["sessions"]] == [False, True]
-    assert info["sessions"][0]["status"] == "running" and info["sessions"][1]["status"] == "finished"
+    # the killed driver's session and its orphaned trial's run say so (they said "running" forever before)
+    assert info["sessions"][0]["status"] == "killed" and info["sessions"][1]["status"] == "finished"
+    assert f"its driver (pid {proc.pid} on " in info["sessions"][0]["reason"]
+    assert info["sessions"][0]["found_by"] == info["sessions"][1]["id"]
+    orphan_run = json.loads((Path(orphan.user_attrs["run_dir"]) / "run.json").read_text())
+    assert orphan_run["status"] == "killed" and f"pid {proc.pid} on " in orphan_run["error"]
+    assert f"its run {orphan.user_attrs['run_dir']} marked killed" in r.stdout
     assert info["sessions"][1]["sampler_seed"] != info["sessions"][0]["sampler_seed"]
     assert (out / "crash" / "best_config.yaml").is_file()
 
