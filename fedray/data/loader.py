@@ -1,11 +1,11 @@
 """Batches in torch: float conversion, tensor-level augmentation and a minimal batch iterator.
 
-Client data arrives as numpy views of a memory-mapped shard (see :mod:`fedray.data.store`). A batch
-is gathered with the permutation slice ``perm[i:i+bs]`` (one numpy gather, which copies only the
-batch), turned into a tensor with ``torch.from_numpy``, converted to float on the target device
-(``x.float() / 255.0`` for uint8 storage, then optional per-channel ``(x - mean) / std``) and, for
-training, augmented as a whole batch with an explicit ``torch.Generator`` so that runs are
-reproducible without touching global RNG state.
+Client data arrives as numpy views of the client's rows in a memory-mapped packed partition file (see
+:mod:`fedray.data.store` and :mod:`fedray.data.packed`). A batch is gathered with the permutation slice
+``perm[i:i+bs]`` (one numpy gather, which copies only the batch), turned into a tensor with
+``torch.from_numpy``, converted to float on the target device (``x.float() / 255.0`` for uint8 storage, then
+optional per-channel ``(x - mean) / std``) and, for training, augmented as a whole batch with an explicit
+``torch.Generator`` so that runs are reproducible without touching global RNG state.
 """
 
 from __future__ import annotations

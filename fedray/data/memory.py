@@ -7,7 +7,7 @@ source of this process whose name carries that fingerprint (``memory-<name>-<12 
 ``fedray.register_source``. Registering the same content again is a no-op, so a notebook cell can run twice. A
 config chooses the data by that name (``data.source``, or ``fedray.run(..., data=<the returned object>)``), so the
 run's config hash, its run directory and the partition cache all key on the data's content, never on an object's
-identity. The source runs in the driver only, as every source does: the driver partitions the data into shard files
+identity. The source runs in the driver only, as every source does: the driver partitions the data into packed files
 and the client workers (Ray actors included) read those, so in-memory data works on Ray as on the local backend.
 
 The arrays stay in this process's memory (the registry holds them) until it exits; a later process, e.g.
