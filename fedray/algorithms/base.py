@@ -108,8 +108,9 @@ class Algorithm:
         return model
 
     def round_metrics(self, rnd: int, state: dict, num_sampled: int) -> dict:
-        """Extra fields of the round report, read after ``after_aggregate``; a ``"bytes"`` mapping is merged
-        into the report's byte counts (e.g. FedCCL's signal bytes)."""
+        """Extra fields of the round report, read after ``after_aggregate`` (e.g. FedCCL's ``num_signals``); a
+        name the report holds already stops the run. The engine measures the bytes of ``broadcast``'s payload
+        and of the clients' ``extras`` itself (the row's ``bytes.signals_*`` and ``bytes_signals``)."""
         return {}
 
     # ----------------------------------------------------------------- client side

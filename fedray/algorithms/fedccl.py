@@ -39,8 +39,8 @@ Robust variants (Appendix A, Table 8), adversarial examples x̃ generated per ba
   the uploaded signals are computed on clean data.
 
 The paper gives no attack radius; ``adv_eps = 0.1`` (the evaluation default of ``eval.adversarial`` too)
-and ``adv_steps = 10`` are fedray's choices. Round metrics gain ``bytes_signals`` (signal bytes broadcast
-to the sampled clients + uploaded by the clients) and ``num_signals`` (size of the collection).
+and ``adv_steps = 10`` are fedray's choices. Round metrics gain ``num_signals`` (size of the collection); the
+engine measures the signal bytes broadcast to the sampled clients and uploaded by them (``bytes_signals``).
 """
 
 from __future__ import annotations
@@ -55,8 +55,6 @@ from fedray.algorithms.training import local_sgd
 from fedray.algorithms.fedavg import FedAvg
 from fedray.algorithms.signals import (
     SIGNAL_TAP,
-    SignalAccounting,
-    arrays_nbytes,
     as_tensor,
     class_means,
     clustered_means,
@@ -176,7 +174,7 @@ class FedAvgPlus(FedAvg):
 
 
 @register
-class FedCCL(SignalAccounting, Algorithm):
+class FedCCL(Algorithm):
     """FedCCL: ``CE + w_local·L_local + w_global·L_global`` with client-side per-class FINCH signals and
     coordinator-side FINCH over the collected signals (module docstring; τ = 0.07, weights 1)."""
 
@@ -206,7 +204,7 @@ class FedCCL(SignalAccounting, Algorithm):
 
     # ----------------------------------------------------------------------------------------- server
     def init_state(self, weights):
-        return {"clients": {}, "local": None, "global": None, "bytes": None}
+        return {"clients": {}, "local": None, "global": None}
 
     def broadcast(self, rnd, weights, state):
         out = {}
@@ -219,13 +217,10 @@ class FedCCL(SignalAccounting, Algorithm):
         return out
 
     def after_aggregate(self, rnd, weights, extras, state, *, broadcast=None):
-        per_client = self.payload_nbytes(state)  # what this round's clients received
         clients = dict(state["clients"])
-        upload = 0
         for e in extras:
             if "signals" not in e:
                 raise RuntimeError(f"client {e.get('cid')} returned no 'signals' in its extras")
-            upload += arrays_nbytes([e["signals"], e["signal_labels"]])
             if e["signals"].shape[0] > 0:
                 clients[int(e["cid"])] = {"signals": np.asarray(e["signals"], np.float32),
                                           "labels": np.asarray(e["signal_labels"], np.int64)}
@@ -236,13 +231,10 @@ class FedCCL(SignalAccounting, Algorithm):
             if self.uses_global:
                 g, gc = global_signals(sig, lab, self.params["global_mode"])
                 new["global"] = {"signals": g, "classes": gc}
-        self._record_bytes(new, rnd, per_client, upload)
         return weights, new
 
     def round_metrics(self, rnd, state, num_sampled):
-        out = super().round_metrics(rnd, state, num_sampled)
-        out["num_signals"] = int(state["local"]["labels"].shape[0]) if state.get("local") else 0
-        return out
+        return {"num_signals": int(state["local"]["labels"].shape[0]) if state.get("local") else 0}
 
     # ----------------------------------------------------------------------------------------- client
     def make_contrast(self, ctx: ClientContext, payload: dict):

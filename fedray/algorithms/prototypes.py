@@ -36,8 +36,8 @@ Notation: f(x) the model's feature tap (``embedding`` by default: the vector the
   averaging" through the classifier, which must then be trained; the reference's prototype-only
   objective is ``ce_weight: 0``.
 
-Every method uses CE only while no prototype exists (the first round). Round metrics add
-``bytes_signals`` (prototype bytes broadcast + uploaded) next to the weight bytes of the coordinator.
+Every method uses CE only while no prototype exists (the first round). The engine measures the prototype
+bytes broadcast and uploaded (``bytes_signals`` of the round's row) next to the weight bytes.
 """
 
 from __future__ import annotations
@@ -53,9 +53,7 @@ from fedray.algorithms.training import local_sgd
 from fedray.algorithms.signals import (  # noqa: F401  (SIGNAL_TAP, resolve_signal_tap: the signal helpers' home)
     SIGNAL_TAP,
     LastEpochPrototypes,
-    SignalAccounting,
     _check_extras,
-    arrays_nbytes,
     as_tensor,
     class_means,
     clustered_means,
@@ -73,7 +71,7 @@ from fedray.losses import prototype_anchor_contrast, prototype_two_view_contrast
 # --------------------------------------------------------------------------------------------------------
 
 
-class _RoundPrototypes(SignalAccounting, Algorithm):
+class _RoundPrototypes(Algorithm):
     """Shared server/client skeleton of FedProto and FPL: last-epoch prototypes of the round's clients.
 
     Subclasses define ``server_prototypes(protos, classes) -> payload dict`` (coordinator, from the round's
@@ -84,22 +82,19 @@ class _RoundPrototypes(SignalAccounting, Algorithm):
     model_needs = ("features",)
 
     def init_state(self, weights):
-        return {"global": None, "bytes": None}
+        return {"global": None}
 
     def broadcast(self, rnd, weights, state):
         return dict(state["global"]) if state.get("global") else {}
 
     def after_aggregate(self, rnd, weights, extras, state, *, broadcast=None):
-        per_client = self.payload_nbytes(state)
         _check_extras(extras, "protos")
         ex = [e for e in sorted_extras(extras) if e["protos"].shape[0] > 0]
-        upload = sum(arrays_nbytes([e["protos"], e["proto_classes"]]) for e in extras)
         new = dict(state)
         if ex:
             protos = np.concatenate([e["protos"] for e in ex]).astype(np.float32)
             classes = np.concatenate([e["proto_classes"] for e in ex]).astype(np.int64)
             new["global"] = self.server_prototypes(protos, classes)
-        self._record_bytes(new, rnd, per_client, upload)
         return weights, new
 
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
@@ -171,7 +166,7 @@ class FPL(_RoundPrototypes):
 
 
 @register
-class FedPCL(SignalAccounting, Algorithm):
+class FedPCL(Algorithm):
     """FedPCL with model averaging (module docstring): ``ce_weight·CE + prototype-anchored contrast`` over every
     client's latest class prototypes (missing classes filled with the global average), τ = 0.07."""
 
@@ -198,19 +193,17 @@ class FedPCL(SignalAccounting, Algorithm):
     description = "FedPCL: prototype-anchored contrast over all clients' prototypes (frozen-backbone head training)"
 
     def init_state(self, weights):
-        return {"clients": {}, "sets": None, "bytes": None}
+        return {"clients": {}, "sets": None}
 
     def broadcast(self, rnd, weights, state):
         return dict(state["sets"]) if state.get("sets") else {}
 
     def after_aggregate(self, rnd, weights, extras, state, *, broadcast=None):
-        per_client = self.payload_nbytes(state)
         _check_extras(extras, "protos")
         clients = dict(state["clients"])
         for e in extras:
             if e["protos"].shape[0] > 0:
                 clients[int(e["cid"])] = {"protos": e["protos"], "proto_classes": e["proto_classes"]}
-        upload = sum(arrays_nbytes([e["protos"], e["proto_classes"]]) for e in extras)
         new = {**state, "clients": clients}
         if clients:
             cids = sorted(clients)
@@ -221,7 +214,6 @@ class FedPCL(SignalAccounting, Algorithm):
             for s, c in enumerate(cids):
                 sets[s, np.searchsorted(classes, clients[c]["proto_classes"])] = clients[c]["protos"]
             new["sets"] = {"proto_sets": np.ascontiguousarray(sets, dtype=np.float32), "proto_classes": classes}
-        self._record_bytes(new, rnd, per_client, upload)
         return weights, new
 
     def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:

@@ -11,7 +11,7 @@ from fedray.algorithms.base import ClientContext
 from fedray.config import ConfigError
 from fedray.core.params import ParamSpec
 
-__all__ = ["SIGNAL_TAP", "LastEpochPrototypes", "SignalAccounting", "arrays_nbytes", "as_tensor", "class_means",
+__all__ = ["SIGNAL_TAP", "LastEpochPrototypes", "as_tensor", "class_means",
            "clustered_means", "embed_client", "logits_and_features", "resolve_signal_tap", "resolve_tap",
            "sorted_extras"]
 
@@ -110,17 +110,6 @@ def clustered_means(feats: np.ndarray, labels: np.ndarray, mode: str = "clustere
     return np.ascontiguousarray(np.concatenate(vecs)), np.concatenate(labs)
 
 
-def arrays_nbytes(obj) -> int:
-    """Bytes of every numpy array inside a (nested) dict / list / tuple payload."""
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(arrays_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(arrays_nbytes(v) for v in obj)
-    return 0
-
-
 def as_tensor(a: np.ndarray, device, dtype=None) -> torch.Tensor:
     t = torch.from_numpy(np.ascontiguousarray(a))
     return t.to(device=device, dtype=dtype) if dtype is not None else t.to(device)
@@ -129,31 +118,6 @@ def as_tensor(a: np.ndarray, device, dtype=None) -> torch.Tensor:
 def sorted_extras(extras: list[dict]) -> list[dict]:
     """Client extras in ascending client id: server-side results never depend on arrival or sampling order."""
     return sorted(extras, key=lambda e: int(e["cid"]))
-
-
-class SignalAccounting:
-    """Mix-in: record the signal bytes of a round in the server state and report them.
-
-    ``after_aggregate`` of the algorithm calls :meth:`_record_bytes` with the payload bytes one client
-    received this round and the bytes the clients uploaded; the coordinator calls :meth:`round_metrics`
-    (``num_sampled`` clients received the broadcast) and merges the result into the round report.
-    """
-
-    def payload_nbytes(self, state: dict) -> int:
-        return arrays_nbytes(self.broadcast(0, None, state))
-
-    @staticmethod
-    def _record_bytes(state: dict, rnd: int, per_client: int, upload: int) -> None:
-        state["bytes"] = {"round": int(rnd), "broadcast_per_client": int(per_client), "upload": int(upload)}
-
-    def round_metrics(self, rnd: int, state: dict, num_sampled: int) -> dict:
-        b = state.get("bytes") or {}
-        if b.get("round") == rnd:
-            per_client, upload = int(b["broadcast_per_client"]), int(b["upload"])
-        else:  # nothing aggregated this round (every client dropped): the state was broadcast, nothing came back
-            per_client, upload = self.payload_nbytes(state), 0
-        bcast = per_client * int(num_sampled)
-        return {"bytes_signals": bcast + upload, "bytes": {"signals_broadcast": bcast, "signals_upload": upload}}
 
 
 class LastEpochPrototypes:

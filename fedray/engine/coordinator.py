@@ -30,6 +30,7 @@ from fedray.engine.outcomes import InStore
 from fedray.engine.pool import LocalPool, RayPool
 from fedray.engine.programs import program_for
 from fedray.engine.replica import Replica, coordinator_device
+from fedray.engine.round_report import Memory, RoundReport
 from fedray.engine.spec import CoordinatorSpec
 from fedray.metrics import ema_update
 from fedray.metrics.analysis import feature_analysis
@@ -113,7 +114,7 @@ class Coordinator:
     def shutdown(self) -> None:
         self.pool.shutdown()
 
-    def memory(self) -> dict:
+    def memory(self) -> Memory:
         """Resident memory (MB) of this process now, at peak (VmHWM) and its private part (RssAnon; the rest
         is mostly object-store pages it read), and of the client workers (sum of current RSS, largest
         peak), each read from /proc by the process itself. In every round report as ``memory``."""
@@ -125,13 +126,13 @@ class Coordinator:
                 w = [{"rss_mb": math.nan, "peak_mb": math.nan}]
         else:
             w = [{"rss_mb": st.get("VmRSS", math.nan), "peak_mb": st.get("VmHWM", math.nan)}] if self.pool.size else []
-        return {"coordinator_rss_mb": st.get("VmRSS", math.nan), "coordinator_peak_mb": st.get("VmHWM", math.nan),
-                "coordinator_anon_mb": st.get("RssAnon", math.nan),
-                "workers_rss_mb": float(sum(x["rss_mb"] for x in w)) if w else math.nan,
-                "workers_peak_mb": float(max(x["peak_mb"] for x in w)) if w else math.nan}
+        return Memory(coordinator_rss_mb=st.get("VmRSS", math.nan), coordinator_peak_mb=st.get("VmHWM", math.nan),
+                      coordinator_anon_mb=st.get("RssAnon", math.nan),
+                      workers_rss_mb=float(sum(x["rss_mb"] for x in w)) if w else math.nan,
+                      workers_peak_mb=float(max(x["peak_mb"] for x in w)) if w else math.nan)
 
     # ------------------------------------------------------------------------------- round
-    def run_round(self, rnd: int) -> dict:
+    def run_round(self, rnd: int) -> RoundReport:
         """Run round ``rnd`` with the program, take its new state, evaluate; the round's report.
 
         The state change is atomic: if the round fails (or is interrupted) anywhere, the coordinator keeps
@@ -152,15 +153,12 @@ class Coordinator:
             self.weights, self.algo_state, self.round, self.ema = before
             raise
         report = res.report
-        secs = dict(res.seconds)
-        report.update(evaluation)
-        secs["eval"] = t_eval
-        report["worker_restarts"] = report.get("worker_restarts", 0) + report.pop("eval_worker_restarts", 0)
-        report["seconds"] = secs
-        report["seconds_total"] = float(sum(secs.values()))
-        report["memory"] = self.memory()
-        report["workers"] = self.pool.size  # live at the round's end (fewer after a worker was lost for good)
-        report["ledger"] = [row.as_dict() for row in res.ledger]
+        evaluation = dict(evaluation)
+        report.worker_restarts += int(evaluation.pop("eval_worker_restarts", 0))
+        report.evaluation = evaluation
+        report.seconds = {**report.seconds, "eval": t_eval}
+        report.memory = self.memory()
+        report.workers = self.pool.size  # live at the round's end (fewer after a worker was lost for good)
         return report
 
     def _evaluate_round(self, rnd: int) -> dict:
@@ -198,10 +196,10 @@ class Coordinator:
                                  batch_size=int(cfg.eval.batch_size), device=rp.device, seed=int(cfg.seed))
 
 
-def _check_names(rnd: int, report: dict, evaluation: dict) -> None:
+def _check_names(rnd: int, report: RoundReport, evaluation: dict) -> None:
     """The evaluation's numbers (accuracy, the metrics of ``eval.metrics``, ...) cannot take a key the round's
     report holds already (an algorithm's ``round_metrics``): one would silently replace the other."""
-    clash = sorted(set(evaluation) & set(report))
+    clash = sorted(set(evaluation) & report.names())
     if clash:
         raise RunAborted(f"round {rnd}: the evaluation's {clash[0]!r} has the name of a key of the round's report (the "
                          f"algorithm's round_metrics); register the metric (eval.metrics) under another name")
@@ -213,7 +211,7 @@ def _check_finite(rnd: int, res) -> None:
     if bad:
         raise RunAborted(f"round {rnd}: the global model has {bad} non-finite values (NaN/inf) after aggregation; "
                          f"the run stops at the last finite round (check train.lr, server.params, the loss)")
-    loss = res.report.get("loss")  # NaN is a client without a full batch (drop_last); inf is divergence
-    if loss is not None and math.isinf(float(loss)):
+    loss = res.report.loss  # NaN is a client without a full batch (drop_last); inf is divergence
+    if math.isinf(float(loss)):
         raise RunAborted(f"round {rnd}: the training loss is {loss}; the run stops at the last finite round "
                          f"(check train.lr and the algorithm's parameters)")

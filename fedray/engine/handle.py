@@ -14,6 +14,7 @@ torch: the in-process coordinator's module is imported when a local run opens it
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from fedray.engine.launch import Actors, CoordinatorHost, kill_actors, start_act
 from fedray.engine.outcomes import InStore
 from fedray.engine.pool import default_num_workers
 from fedray.engine.spec import CoordinatorSpec
+
+if TYPE_CHECKING:
+    from fedray.engine.round_report import RoundReport
 
 __all__ = ["CoordinatorLost", "LocalCoordinator", "RayCoordinator", "coordinator_spec", "open_coordinator",
            "test_payload"]
@@ -145,7 +149,7 @@ class RayCoordinator:
         except rex.RayActorError as e:  # ActorDiedError, ActorUnavailableError
             raise CoordinatorLost(_reason(e)) from e
 
-    def run_round(self, rnd: int) -> dict:
+    def run_round(self, rnd: int) -> RoundReport:
         self.in_flight.update(round=rnd, ref=self.coord.run_round.remote(rnd), t0=time.perf_counter())
         report = self._get(self.in_flight["ref"])
         self.in_flight.clear()

@@ -19,10 +19,13 @@ import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedray.core.errors import ConfigError
 from fedray.core.ray_env import current_node_id, ensure_ray
+
+if TYPE_CHECKING:
+    from fedray.engine.round_report import RoundReport
 
 __all__ = ["Actors", "CoordinatorHost", "EarlyStart", "coordinator_options", "early_start", "kill_actors",
            "start_actors"]
@@ -60,7 +63,7 @@ class CoordinatorHost:
     def ready(self) -> dict:
         return self.coord.ready()
 
-    def run_round(self, rnd: int) -> dict:
+    def run_round(self, rnd: int) -> RoundReport:
         return self.coord.run_round(rnd)
 
     def state_dict(self) -> dict:

@@ -8,12 +8,16 @@ import contextlib
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from fedray.config import ConfigError
 from fedray.engine.dispatch import RunAborted
 from fedray.engine.handle import CoordinatorLost, _reason
 from fedray.engine.setup import Run, RunResult
 from fedray.engine.state import ClientStateStore
+
+if TYPE_CHECKING:
+    from fedray.engine.round_report import RoundReport
 
 __all__ = ["RoundLoop", "resume_state"]
 
@@ -85,16 +89,18 @@ class RoundLoop:
         self.run, self.engine, self.callbacks, self.result, self.log = run, engine, callbacks, result, log
         self.stopping = False
 
-    def record(self, rnd: int, report: dict, t_round: float) -> None:
-        ledger = report.pop("ledger")
+    def record(self, rnd: int, report: RoundReport, t_round: float) -> None:
+        """Write the round's ledger and its metrics row (:meth:`RoundReport.as_row`); the callbacks get the row."""
+        ledger = [row.as_dict() for row in report.ledger]
         with _signals_deferred():  # ledger, metrics row and result agree even when Ctrl-C comes now
             self.run.rd.write_ledger(rnd, ledger)
-            report["failures"] = sum(1 for r in ledger if r["failure"])
-            report["wall_seconds"] = time.perf_counter() - t_round  # driver view: round trip + ledger write
-            self.run.rd.append_metrics(report)
-            self.result.rounds.append(report)
+            report.failures = sum(1 for r in report.ledger if r.failure)
+            report.wall_seconds = time.perf_counter() - t_round  # driver view: round trip + ledger write
+            row = report.as_row()
+            self.run.rd.append_metrics(row)
+            self.result.rounds.append(row)
         for cb in self.callbacks:
-            if cb.on_round_end(self, report):
+            if cb.on_round_end(self, row):
                 self.stopping = True
 
     def run_rounds(self, start_round: int) -> None:

@@ -7,12 +7,15 @@ accounting and config errors."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 from fedray.algorithms import ClientContext, build_algorithm
 from fedray.config import ConfigError, TrainConfig
+from fedray.engine.round_report import ByteCounts, ClientTally, arrays_nbytes
 from tests.helpers import cnn4_config as _cfg, run_quiet as _run
 
 pytestmark = pytest.mark.usefixtures("_cached_sources")  # tests/conftest.py
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.usefixtures("_cached_sources")  # tests/conftest.py
         ("fedavg_plus", {"adv": "fgsm", "adv_eps": 0.1}),
         ("fedproto", {}),
         ("fpl", {}),
+        ("fedproc", {}),  # its prototypes were not counted while each algorithm counted its own bytes
         ("fedpcl", {}),
         ("fedpcl", "frozen"),  # FedPCL's own setting: frozen backbone, contrast on the MLP head's hidden layer
     ],
@@ -179,10 +183,14 @@ def test_global_signals_independent_of_client_order_and_partial_participation():
     assert sorted(c["clients"]) == [0, 2, 5, 7, 9]
     assert np.array_equal(c["clients"][2]["signals"], new2[0]["signals"])
     assert np.array_equal(c["clients"][9]["signals"], a["clients"][9]["signals"])
-    # byte accounting: round 2 broadcast the round-1 collection, round 2's upload was client 2's signals
-    m = algo.round_metrics(2, c, num_sampled=3)
-    assert m["bytes"]["signals_upload"] == new2[0]["signals"].nbytes + new2[0]["signal_labels"].nbytes
-    assert m["bytes"]["signals_broadcast"] == 3 * algo.payload_nbytes(a)
+    # byte accounting (the engine measures the arrays it moves): round 2 broadcast the round-1 collection,
+    # round 2's upload was client 2's signals
+    tally = ClientTally()
+    tally.add(SimpleNamespace(cid=2, num_samples=1, loss=0.0, extras={k: new2[0][k] for k in ("signals", "signal_labels")}))
+    sent = ByteCounts(signals_broadcast=3 * arrays_nbytes(algo.broadcast(2, None, a)), signals_upload=tally.upload_signals)
+    assert sent.signals_upload == new2[0]["signals"].nbytes + new2[0]["signal_labels"].nbytes
+    assert sent.signals_broadcast == 3 * (a["local"]["signals"].nbytes + a["local"]["labels"].nbytes
+                                          + a["global"]["signals"].nbytes + a["global"]["classes"].nbytes) > 0
 
 
 def test_global_signal_modes():

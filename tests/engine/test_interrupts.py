@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from fedray.engine.callbacks import Callback
+from fedray.engine.round_report import RoundReport
 from fedray.engine.rounds import RoundLoop
 from fedray.engine.setup import RunResult
 
@@ -30,8 +31,8 @@ def test_a_signal_in_the_block_is_delivered_after_it():
 class _Engine:
     in_flight: dict = {}
 
-    def run_round(self, rnd: int) -> dict:
-        return {"round": rnd, "ledger": []}
+    def run_round(self, rnd: int) -> RoundReport:
+        return RoundReport(rnd, 0, 0, 0.0, 0.0)
 
     def finish_in_flight(self):
         return None

@@ -12,7 +12,7 @@ from fedray.algorithms import build_server_optimizer
 from fedray.config import from_dict
 from fedray.engine.coordinator import Coordinator
 from fedray.engine.dispatch import RoundAborted, RunAborted
-from fedray.engine.round_report import RoundResult
+from fedray.engine.round_report import RoundReport, RoundResult
 from fedray.engine.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import small_config
@@ -106,7 +106,7 @@ def test_the_round_state_change_is_atomic():
     class Nan:
         def run_round(self, rnd, weights, state):
             opt.step(weights, weights * 0.25)
-            return RoundResult(weights=np.full(4, np.nan, np.float32), algo_state={}, report={"loss": 0.1})
+            return RoundResult(weights=np.full(4, np.nan, np.float32), algo_state={}, report=RoundReport(rnd, 1, 1, 0.1, 0.01))
 
     c.program = Nan()
     with pytest.raises(RunAborted, match="4 non-finite values"):
@@ -116,7 +116,7 @@ def test_the_round_state_change_is_atomic():
     class Fine:
         def run_round(self, rnd, weights, state):
             opt.step(weights, weights * 0.25)
-            return RoundResult(weights=np.full(4, 2.0, np.float32), algo_state={"b": 2}, report={"loss": 0.1})
+            return RoundResult(weights=np.full(4, 2.0, np.float32), algo_state={"b": 2}, report=RoundReport(rnd, 1, 1, 0.1, 0.01))
 
     def evaluation_fails(rnd):  # the sharded evaluation runs on the workers and can fail like a task
         c.ema = 0.9
@@ -137,7 +137,7 @@ def test_an_evaluation_number_never_replaces_a_key_of_the_round_report():
 
     class Program:
         def run_round(self, rnd, weights, state):
-            return RoundResult(weights=weights * 2, algo_state={"b": 2}, report={"loss": 0.1, "margin": 3.0})
+            return RoundResult(weights=weights * 2, algo_state={"b": 2}, report=RoundReport(rnd, 1, 1, 0.1, 0.01, extra={"margin": 3.0}))
 
     c = Coordinator.__new__(Coordinator)
     c.server_opt, c.program, c.weights, c.algo_state, c.round, c.ema = opt, Program(), w0, {"a": 1}, 1, 0.5

@@ -21,7 +21,14 @@ from fedray.config import round_lr
 from fedray.engine.dispatch import ClientItem, FailurePolicy, Task, TaskScheduler, live_workers
 from fedray.engine.fold import OrderedFold
 from fedray.engine.outcomes import ClientOutcome
-from fedray.engine.round_report import ClientTally, RoundResult
+from fedray.engine.round_report import (
+    ByteCounts,
+    ClientTally,
+    RoundReport,
+    RoundResult,
+    TrainedClients,
+    arrays_nbytes,
+)
 from fedray.engine.programs.fold_group import train_groups
 from fedray.engine.sampling import sample_clients
 
@@ -91,33 +98,30 @@ class FederatedProgram:
             agg = train_groups(self, rnd, sampled, w_ref, p_ref, hints)
         else:
             agg = self.train(rnd, sampled, w_ref, p_ref, hints)
-        secs["train"] = time.perf_counter() - t0 - agg["fold_seconds"]
+        secs["train"] = time.perf_counter() - t0 - agg.fold_seconds
 
         t0 = time.perf_counter()
         new, state = weights, algo_state
-        if agg["avg"] is not None:
-            new = opt.step(weights, agg["avg"])
-            new, state = algo.after_aggregate(rnd, new, agg["extras"], algo_state, broadcast=bw)
+        if agg.avg is not None:
+            new = opt.step(weights, agg.avg)
+            new, state = algo.after_aggregate(rnd, new, agg.tally.extras, algo_state, broadcast=bw)
             new = np.ascontiguousarray(new, dtype=np.float32)
-        secs["aggregate"] = time.perf_counter() - t0 + agg["fold_seconds"]
+        secs["aggregate"] = time.perf_counter() - t0 + agg.fold_seconds
 
-        report = {
-            "round": rnd, "num_clients": agg["num_clients"], "num_samples": agg["num_samples"], "loss": agg["loss"],
-            "dropped": agg["dropped"], "retries": agg["retries"], "worker_restarts": agg["worker_restarts"],
-            "stragglers_cancelled": agg["cancelled"], "receive_seconds": agg["receive_seconds"],
-            "lr": round_lr(cfg.train, rnd),
-            "bytes": {"broadcast": int(bw.nbytes) * len(sampled),
-                      "upload": int(bw.nbytes) * agg.get("uploads", agg["num_clients"])},
-        }
-        for key, value in algo.round_metrics(rnd, state, len(sampled)).items():
-            if key == "bytes":
-                report["bytes"].update(value)
-            else:
-                report[key] = value
-        return RoundResult(weights=new, algo_state=state, report=report, ledger=agg["ledger"], seconds=secs)
+        sent = int(bw.nbytes) * len(sampled)
+        tally = agg.tally
+        report = RoundReport(
+            round=rnd, num_clients=tally.clients, num_samples=tally.samples, loss=tally.loss, dropped=agg.dropped,
+            retries=agg.retries, worker_restarts=agg.worker_restarts, stragglers_cancelled=agg.cancelled,
+            receive_seconds=agg.receive_seconds, lr=round_lr(cfg.train, rnd),
+            bytes=ByteCounts(broadcast=sent, upload=int(bw.nbytes) * (tally.clients if agg.uploads is None else agg.uploads),
+                             signals_broadcast=arrays_nbytes(payload) * len(sampled), signals_upload=tally.upload_signals),
+            seconds=secs, ledger=agg.ledger)
+        report.add_extra(algo.round_metrics(rnd, state, len(sampled)), f"algorithm {algo.name!r}'s round_metrics")
+        return RoundResult(weights=new, algo_state=state, report=report)
 
     # -------------------------------------------------------------------------------------------------
-    def train(self, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dict:
+    def train(self, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> TrainedClients:
         """Run every sampled client once (with retries) and fold the results in sampled order."""
         e = self.cfg.engine
         collect_all = e.over_selection > 0 or e.round_deadline_s is not None
@@ -168,11 +172,9 @@ class FederatedProgram:
                 pairs = fold.add(p, out.weights, out) if out is not None else fold.skip(p)
                 timing["fold"] += time.perf_counter() - t
                 folded(pairs)
-        return {"avg": fold.result(), "fold_seconds": timing["fold"], "num_clients": tally.clients,
-                "num_samples": tally.samples, "loss": tally.loss_sum / tally.samples if tally.samples else math.nan,
-                "extras": tally.extras, "dropped": sched.dropped, "retries": sched.retries,
-                "worker_restarts": sched.worker_restarts, "ledger": sched.ledger, "cancelled": cancelled,
-                "receive_seconds": sched.receive_seconds}
+        return TrainedClients(avg=fold.result(), tally=tally, fold_seconds=timing["fold"], dropped=sched.dropped,
+                              retries=sched.retries, worker_restarts=sched.worker_restarts, ledger=sched.ledger,
+                              receive_seconds=sched.receive_seconds, cancelled=cancelled)
 
     @staticmethod
     def _keep_first(sampled, client_w, sched, finished: dict, target: int, cancelled: int):

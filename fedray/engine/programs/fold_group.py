@@ -29,7 +29,7 @@ from fedray.algorithms import algorithm_of
 from fedray.core.errors import ConfigError
 from fedray.engine.dispatch import FailurePolicy, GroupItem, Task, TaskScheduler
 from fedray.engine.fold import OrderedFold
-from fedray.engine.round_report import ClientTally
+from fedray.engine.round_report import ClientTally, TrainedClients
 
 __all__ = ["check_fold_group", "train_groups"]
 
@@ -53,8 +53,8 @@ def check_fold_group(cfg, algorithm=None) -> None:
                           f"worker; set engine.fold_group: 1")
 
 
-def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dict:
-    """:meth:`FederatedProgram.train` with partial sums: the same result dict (``uploads``: vectors received)."""
+def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> TrainedClients:
+    """:meth:`FederatedProgram.train` with partial sums (``uploads``: the groups' vectors received)."""
     e = prog.cfg.engine
     g = int(e.fold_group)
     k = len(sampled)
@@ -64,7 +64,7 @@ def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dic
     fold = OrderedFold([sum(client_w[p] for p in grp) for grp in groups], total=clients.total, scaled=True)
     alive = [len(grp) for grp in groups]
     window = max(1, math.ceil(int(e.reorder_window) / g)) if e.reorder_window else prog.reorder_window(1)
-    tally, timing = ClientTally(), {"fold": 0.0, "uploads": 0}
+    tally, timing, uploads = ClientTally(), {"fold": 0.0}, [0]
 
     def folded(pairs) -> None:
         for _, res in pairs:
@@ -78,7 +78,7 @@ def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dic
             kept += client_w[out.pos]
         pairs = fold.add(res.pos // g, res.weights, res, weight=kept)
         timing["fold"] += time.perf_counter() - t
-        timing["uploads"] += 1
+        uploads[0] += 1
         folded(pairs)
 
     def on_drop(pos, cid) -> None:
@@ -93,8 +93,6 @@ def train_groups(prog, rnd: int, sampled: list[int], w_ref, p_ref, hints) -> dic
     sched.run(tasks, lambda widx, task: prog.pool.submit(widx, "run_group", rnd, w_ref, p_ref, list(task.items), hints),
               on_outcome, on_drop=on_drop, may_start=lambda task: task.first // g < fold.next + window)
     sched.check_drops(k)
-    return {"avg": fold.result(), "fold_seconds": timing["fold"], "num_clients": tally.clients,
-            "num_samples": tally.samples, "loss": tally.loss_sum / tally.samples if tally.samples else math.nan,
-            "extras": tally.extras, "dropped": sched.dropped, "retries": sched.retries,
-            "worker_restarts": sched.worker_restarts, "ledger": sched.ledger, "cancelled": 0,
-            "uploads": timing["uploads"], "receive_seconds": sched.receive_seconds}
+    return TrainedClients(avg=fold.result(), tally=tally, fold_seconds=timing["fold"], dropped=sched.dropped,
+                          retries=sched.retries, worker_restarts=sched.worker_restarts, ledger=sched.ledger,
+                          receive_seconds=sched.receive_seconds, uploads=uploads[0])

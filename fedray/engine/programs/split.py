@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from fedray.algorithms.split import SplitBatch
-from fedray.config import lr_factor
+from fedray.config import lr_factor, round_lr
 from fedray.core.seeds import SERVER_STREAM, seed_of
 from fedray.engine.dispatch import FailurePolicy, SplitItem, Task, TaskScheduler, live_workers
 from fedray.engine.fold import OrderedFold
 from fedray.engine.outcomes import SplitOutcome
 from fedray.engine.programs.split_server import SplitServer
-from fedray.engine.round_report import LedgerRow, RoundResult
+from fedray.engine.round_report import ByteCounts, LedgerRow, RoundReport, RoundResult, arrays_nbytes
 from fedray.engine.sampling import sample_clients
 from fedray.engine.split_layout import (
     SplitLayout,
@@ -136,9 +136,10 @@ class SplitProgram:
         new, new_state = self._aggregate(r, weights, state, client_w)
         new, new_state = algo.after_aggregate(rnd, new, [], new_state, broadcast=weights)
         secs["aggregate"] = time.perf_counter() - t0
-        report, ledger = self._report(r, bks, init, decay, len(assignment))
-        return RoundResult(weights=np.ascontiguousarray(new, dtype=np.float32), algo_state=new_state, report=report,
-                           ledger=ledger, seconds=secs)
+        report = self._report(r, bks, init, len(assignment), arrays_nbytes(payload))
+        report.seconds = secs
+        report.add_extra(algo.round_metrics(rnd, new_state, len(sampled)), f"algorithm {algo.name!r}'s round_metrics")
+        return RoundResult(weights=np.ascontiguousarray(new, dtype=np.float32), algo_state=new_state, report=report)
 
     # ---------------------------------------------------------------------------------------
     def _iterate(self, r: _Round, group: list[int], step0: int) -> None:
@@ -227,7 +228,7 @@ class SplitProgram:
             new_state["server_optimizer"] = opt_state
         return new, new_state
 
-    def _report(self, r: _Round, bks, init, decay: float, workers: int) -> tuple[dict, list[LedgerRow]]:
+    def _report(self, r: _Round, bks, init, workers: int, payload_bytes: int) -> RoundReport:
         k = len(r.sampled)
         ledger = r.sched.ledger
         for p, cid in enumerate(r.sampled):
@@ -237,19 +238,20 @@ class SplitProgram:
                                     loss=float(np.mean(cl)), seconds=float(o.seconds), worker=o.worker,
                                     failure=None, attempt=r.sched.attempts[int(cid)] + 1))
         weight_bytes = int(init.nbytes) * k
-        report = {
-            "round": r.rnd, "num_clients": k, "num_samples": int(sum(r.final[p].num_samples for p in range(k))),
-            "loss": float(np.mean(r.losses)) if r.losses else math.nan, "dropped": [],
-            "retries": int(r.sched.retries), "worker_restarts": int(r.sched.worker_restarts),
-            "stragglers_cancelled": 0, "lr": float(self.cfg.train.lr) * decay,
-            "bytes": {"broadcast": weight_bytes, "upload": weight_bytes, **r.nbytes,
-                      "total": 2 * weight_bytes + sum(r.nbytes.values())},
-            "split": {"point": self.point, "iterations": self.shape.local_iters, "batch": int(bks.sum()),
-                      "workers": workers},
-        }
+        report = RoundReport(
+            round=r.rnd, num_clients=k, num_samples=int(sum(r.final[p].num_samples for p in range(k))),
+            loss=float(np.mean(r.losses)) if r.losses else math.nan, retries=int(r.sched.retries),
+            worker_restarts=int(r.sched.worker_restarts), lr=round_lr(self.cfg.train, r.rnd),
+            bytes=ByteCounts(broadcast=weight_bytes, upload=weight_bytes, signals_broadcast=payload_bytes * k,
+                             activations=r.nbytes["activations"], labels=r.nbytes["labels"],
+                             gradients=r.nbytes["gradients"]),
+            ledger=ledger)
+        extra: dict = {"split": {"point": self.point, "iterations": self.shape.local_iters, "batch": int(bks.sum()),
+                                 "workers": workers}}
         for key, vals in r.metrics.items():
-            report[key] = float(np.mean(vals))
+            extra[key] = float(np.mean(vals))
         if not self.shape.returns_gradients:
             local = [r.final[p].loss for p in range(k) if not math.isnan(r.final[p].loss)]
-            report["client_loss"] = float(np.mean(local)) if local else math.nan
-        return report, ledger
+            extra["client_loss"] = float(np.mean(local)) if local else math.nan
+        report.add_extra(extra, f"algorithm {self.algorithm.name!r}'s server iteration")
+        return report

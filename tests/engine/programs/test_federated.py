@@ -52,5 +52,5 @@ def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
     prog = FederatedProgram(cfg=cfg, algorithm=types.SimpleNamespace(client_weight=lambda n: float(n)),
                             server_opt=None, pool=Pool(), sizes=np.ones(10, np.int64), num_params=2)
     out = prog.train(1, [0, 1, 2, 3, 4, 5], None, None, None)
-    assert out["dropped"] == [bad] and out["num_clients"] == 5 and out["worker_restarts"] == 2
-    np.testing.assert_allclose(out["avg"], np.full(2, np.mean([0, 1, 2, 4, 5])), rtol=1e-6)
+    assert out.dropped == [bad] and out.tally.clients == 5 and out.worker_restarts == 2
+    np.testing.assert_allclose(out.avg, np.full(2, np.mean([0, 1, 2, 4, 5])), rtol=1e-6)

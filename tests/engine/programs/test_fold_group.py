@@ -101,16 +101,16 @@ def naive(g: int, sampled=SAMPLED, skip=()) -> np.ndarray:
 def test_group_fold_equals_the_naive_reference_and_g1_equals_the_client_fold():
     ref = program(Pool(2, 0), 1).train(1, SAMPLED, None, None, None)
     one = train_groups(program(Pool(2, 1), 1), 1, SAMPLED, None, None, None)
-    assert np.array_equal(one["avg"], ref["avg"])  # g = 1 through the workers' partial sums: the same bits
-    assert np.array_equal(ref["avg"], naive(1))
+    assert np.array_equal(one.avg, ref.avg)  # g = 1 through the workers' partial sums: the same bits
+    assert np.array_equal(ref.avg, naive(1))
     for g in (5, 10):
         out = train_groups(program(Pool(2, 2), g), 1, SAMPLED, None, None, None)
-        assert np.array_equal(out["avg"], naive(g))
-        np.testing.assert_allclose(out["avg"], ref["avg"], rtol=1e-5, atol=1e-6)  # float rounding only
-        assert out["uploads"] == -(-len(SAMPLED) // g) and out["num_clients"] == len(SAMPLED)
-        assert out["num_samples"] == int(SIZES[SAMPLED].sum()) and out["loss"] == ref["loss"]
-        assert [e["cid"] for e in out["extras"]] == SAMPLED  # per-client extras still arrive, in sampled order
-        assert sorted(r.client for r in out["ledger"]) == sorted(SAMPLED)
+        assert np.array_equal(out.avg, naive(g))
+        np.testing.assert_allclose(out.avg, ref.avg, rtol=1e-5, atol=1e-6)  # float rounding only
+        assert out.uploads == -(-len(SAMPLED) // g) and out.tally.clients == len(SAMPLED)
+        assert out.tally.samples == int(SIZES[SAMPLED].sum()) and out.tally.loss == ref.tally.loss
+        assert [e["cid"] for e in out.tally.extras] == SAMPLED  # per-client extras still arrive, in sampled order
+        assert sorted(r.client for r in out.ledger) == sorted(SAMPLED)
 
 
 @pytest.mark.parametrize("g", [3, 5])
@@ -120,8 +120,8 @@ def test_group_fold_bit_identical_across_workers_completion_order_and_worker_los
         for seed in range(3):
             lose = {g} if seed == 1 else set()  # the second group's worker dies once
             out = train_groups(program(Pool(size, seed, lose=lose), g), 1, SAMPLED, None, None, None)
-            hashes.add(out["avg"].tobytes())
-            assert out["worker_restarts"] == len(lose)
+            hashes.add(out.avg.tobytes())
+            assert out.worker_restarts == len(lose)
     assert len(hashes) == 1
 
 
@@ -129,9 +129,9 @@ def test_a_member_that_raises_reruns_its_group_and_the_result_is_unchanged():
     clean = train_groups(program(Pool(2, 0), 5), 1, SAMPLED, None, None, None)
     bad = SAMPLED[6]
     out = train_groups(program(Pool(2, 0, raises={bad: 1}), 5), 1, SAMPLED, None, None, None)
-    assert np.array_equal(out["avg"], clean["avg"])
-    assert out["retries"] == 1 and out["dropped"] == []
-    rows = [r for r in out["ledger"] if r.client == bad]
+    assert np.array_equal(out.avg, clean.avg)
+    assert out.retries == 1 and out.dropped == []
+    rows = [r for r in out.ledger if r.client == bad]
     assert [(r.failure is None, r.attempt) for r in rows] == [(False, 1), (True, 2)]
 
 
@@ -139,13 +139,13 @@ def test_a_member_dropped_after_its_retries_leaves_its_group_summed_without_it()
     bad = SAMPLED[6]
     pool = Pool(2, 5, raises={bad: 99})
     out = train_groups(program(pool, 5, retries=1, dropped_fraction=0.5), 1, SAMPLED, None, None, None)
-    assert out["dropped"] == [bad] and out["num_clients"] == len(SAMPLED) - 1
-    assert np.array_equal(out["avg"], naive(5, skip={bad}))
+    assert out.dropped == [bad] and out.tally.clients == len(SAMPLED) - 1
+    assert np.array_equal(out.avg, naive(5, skip={bad}))
     # a whole group dropped: skipped, the others folded and renormalised
     whole = set(SAMPLED[15:17])
     out = train_groups(program(Pool(2, 6, raises={c: 99 for c in whole}), 5, retries=0, dropped_fraction=0.5), 1,
                        SAMPLED, None, None, None)
-    assert sorted(out["dropped"]) == sorted(whole) and np.array_equal(out["avg"], naive(5, skip=whole))
+    assert sorted(out.dropped) == sorted(whole) and np.array_equal(out.avg, naive(5, skip=whole))
 
 
 def test_fold_group_refused_for_per_client_state_split_and_stragglers(tmp_path, partition_cache):
