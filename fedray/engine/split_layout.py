@@ -7,6 +7,7 @@ both import this module and nothing of each other. See ``docs/engine.md`` for th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ from torch import nn
 
 from fedray.core.weights import layout_of
 
-__all__ = ["Entry", "SplitLayout", "assign_clients", "batch_plan", "batch_sizes", "client_output_shape",
+__all__ = ["Entry", "SplitLayout", "SplitPlan", "assign_clients", "batch_plan", "batch_sizes", "client_output_shape",
            "has_dropout", "param_entries", "params_vector", "views"]
 
 
@@ -107,7 +108,7 @@ class SplitLayout:
     Entries are split by side (the split part holding the tensor) and kind: *train* (parameters with
     ``requires_grad``) and *fixed* (floating-point buffers and frozen parameters). ``client_train`` etc.
     are index arrays into the full vector (:mod:`fedray.core.weights` order). A client's vector on the
-    wire is ``[client train | auxiliary head | client fixed]``.
+    wire (:class:`SplitPlan`) is ``[client train | auxiliary head | client fixed]``.
     """
 
     def __init__(self, model, point: str):
@@ -137,23 +138,8 @@ class SplitLayout:
         self.st_entries, self.sf_entries = tuple(ent["st"]), tuple(ent["sf"])
         self.size = int(layout_of(model).size)
 
-    def client_vector(self, full: np.ndarray, aux: np.ndarray | None) -> np.ndarray:
-        aux = np.zeros(0, np.float32) if aux is None else np.asarray(aux, np.float32)
-        return np.concatenate([full[self.client_train], aux, full[self.client_fixed]]).astype(np.float32, copy=False)
-
     def server_vectors(self, full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return full[self.server_train].copy(), full[self.server_fixed].copy()
-
-    def write(self, full: np.ndarray, client_vec: np.ndarray, aux_size: int, server_train: np.ndarray,
-              server_fixed: np.ndarray) -> np.ndarray:
-        """Put a client vector (wire format) and the server vectors into ``full`` (in place); returns the
-        auxiliary part of the client vector."""
-        nct = self.client_train.size
-        full[self.client_train] = client_vec[:nct]
-        full[self.client_fixed] = client_vec[nct + aux_size :]
-        full[self.server_train] = server_train
-        full[self.server_fixed] = server_fixed
-        return client_vec[nct : nct + aux_size].copy()
 
 
 def client_output_shape(model, point: str, meta) -> tuple[int, ...]:
@@ -169,3 +155,64 @@ def client_output_shape(model, point: str, meta) -> tuple[int, ...]:
         for m, t in zip(client.modules(), modes):
             m.training = t
     return tuple(int(s) for s in out.shape[1:])
+
+
+# --------------------------------------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class SplitPlan:
+    """What the coordinator's split program and every worker's split runtime derive alike from the model and
+    the algorithm, built by one function (:meth:`build`) on both sides: the cut point, the layout of the flat
+    vector, the per-sample activation shape, the auxiliary client head of methods without gradient returns
+    (``aux``: a module built from the global torch generator, used for its shape and, on the workers, its
+    forward; its initial weights come from :meth:`fedray.engine.programs.split.SplitProgram.init_aux`) and
+    the wire format of a client's vector, ``[client train | auxiliary head | client fixed]``."""
+
+    shape: Any  # the algorithm's SplitShape
+    point: str
+    layout: SplitLayout
+    act_shape: tuple[int, ...]
+    num_classes: int
+    aux: nn.Module | None
+    aux_entries: tuple[Entry, ...]
+    aux_size: int
+
+    @classmethod
+    def build(cls, algorithm, model, meta) -> SplitPlan:
+        point = algorithm.split_point_for(model)
+        layout = SplitLayout(model, point)
+        act_shape = client_output_shape(model, point, meta)
+        num_classes = int(meta.num_classes)
+        aux, size = None, 0
+        entries: tuple[Entry, ...] = ()
+        if not algorithm.shape.returns_gradients:
+            aux = algorithm.aux_head(act_shape, num_classes)
+            if aux is None:
+                raise ValueError(f"algorithm {algorithm.name!r} returns no gradients but defines no auxiliary head")
+            entries, size = param_entries(aux)
+        return cls(algorithm.shape, point, layout, act_shape, num_classes, aux, entries, size)
+
+    @property
+    def num_train(self) -> int:
+        """Length of the trainable head of a client vector: client-side parameters, then the auxiliary head."""
+        return int(self.layout.client_train.size) + self.aux_size
+
+    def client_vector(self, full: np.ndarray, aux: np.ndarray | None) -> np.ndarray:
+        """The round's client vector (wire format) from the global vector and the auxiliary head's weights."""
+        lay = self.layout
+        aux = np.zeros(0, np.float32) if aux is None or not self.aux_size else np.asarray(aux, np.float32)
+        return np.concatenate([full[lay.client_train], aux, full[lay.client_fixed]]).astype(np.float32, copy=False)
+
+    def unpack(self, vec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A client vector's trainable part ``[client train | aux]`` and its fixed part."""
+        return vec[: self.num_train], vec[self.num_train :]
+
+    def write(self, full: np.ndarray, client_vec: np.ndarray, server_train: np.ndarray,
+              server_fixed: np.ndarray) -> np.ndarray:
+        """Put a client vector (wire format) and the server vectors into ``full`` (in place); returns the
+        auxiliary part of the client vector."""
+        lay, nct = self.layout, int(self.layout.client_train.size)
+        full[lay.client_train] = client_vec[:nct]
+        full[lay.client_fixed] = client_vec[nct + self.aux_size :]
+        full[lay.server_train] = server_train
+        full[lay.server_fixed] = server_fixed
+        return client_vec[nct : nct + self.aux_size].copy()

@@ -54,3 +54,30 @@ def test_split_layout_partitions_the_weight_vector():
     assert np.array_equal(np.sort(every), np.arange(lay.size))
     assert {e.name for e in lay.ct_entries} == {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"}
     assert client_output_shape(model, "block2", type("M", (), {"shape": (1, 28, 28)})) == (8, 7, 7)
+
+
+# ------------------------------------------------------------------------------------ the shared plan
+def test_the_split_plan_is_the_same_on_both_sides_and_its_wire_format_round_trips():
+    """SplitPlan.build is what the coordinator's program and each worker's runtime call: the same cut, layout,
+    activation shape and auxiliary head for the same model; a client vector written back restores the weights."""
+    from types import SimpleNamespace
+
+    from fedray.algorithms import build_algorithm
+    from fedray.engine.split_layout import SplitPlan
+
+    meta = SimpleNamespace(shape=(1, 28, 28), num_classes=10)
+    algo = build_algorithm("sfl_local_loss", {"batch_size": 40, "local_iters": 2})
+    a, b = SplitPlan.build(algo, _tiny_model(), meta), SplitPlan.build(algo, _tiny_model(), meta)
+    assert (a.point, a.act_shape, a.aux_entries, a.num_train) == (b.point, b.act_shape, b.aux_entries, b.num_train)
+    assert a.act_shape == client_output_shape(_tiny_model(), a.point, meta) and a.aux_size > 0
+    assert a.num_train == a.layout.client_train.size + a.aux_size
+    full = np.arange(a.layout.size, dtype=np.float32)
+    aux = -np.arange(1, a.aux_size + 1, dtype=np.float32)
+    vec = a.client_vector(full, aux)
+    train, fixed = a.unpack(vec)
+    assert np.array_equal(train[a.layout.client_train.size:], aux) and fixed.size == a.layout.client_fixed.size
+    out = np.zeros_like(full)
+    back = a.write(out, vec, full[a.layout.server_train], full[a.layout.server_fixed])
+    assert np.array_equal(out, full) and np.array_equal(back, aux)
+    scala = SplitPlan.build(build_algorithm("scala", {"batch_size": 40, "local_iters": 2}), _tiny_model(), meta)
+    assert scala.aux is None and scala.aux_size == 0 and scala.num_train == scala.layout.client_train.size

@@ -24,15 +24,7 @@ from fedray.algorithms.training import make_optimizer
 from fedray.core.seeds import seed_of, seeded
 from fedray.data.loader import to_float
 from fedray.engine.outcomes import SplitOutcome, error_text, is_fatal
-from fedray.engine.split_layout import (
-    Entry,
-    SplitLayout,
-    batch_plan,
-    client_output_shape,
-    has_dropout,
-    param_entries,
-    views,
-)
+from fedray.engine.split_layout import SplitPlan, batch_plan, has_dropout, views
 
 __all__ = ["SplitRuntime", "SplitStateLost"]
 
@@ -42,27 +34,18 @@ class SplitStateLost(RuntimeError):
 
 
 class _Constants:
-    """Per-worker constants of the split program."""
+    """Per-worker constants of the split program: the :class:`~fedray.engine.split_layout.SplitPlan` the
+    coordinator builds too, the client-side part and its auxiliary head on the worker's device."""
 
     def __init__(self, replica):
         algo = replica.algorithm
         self.algorithm = algo
-        self.shape = algo.shape
-        self.point = algo.split_point_for(replica.model)
-        self.layout = SplitLayout(replica.model, self.point)
+        self.plan = plan = SplitPlan.build(algo, replica.model, replica.meta)
+        self.shape, self.point, self.layout = plan.shape, plan.point, plan.layout
         self.client, _ = replica.model.split(self.point)
         self.has_dropout = has_dropout(self.client)
-        self.aux = None
-        self.aux_entries: tuple[Entry, ...] = ()
-        self.aux_size = 0
-        if not self.shape.returns_gradients:
-            shape = client_output_shape(replica.model, self.point, replica.meta)
-            self.aux = algo.aux_head(shape, int(replica.meta.num_classes))
-            if self.aux is None:
-                raise ValueError(f"algorithm {algo.name!r} returns no gradients but defines no auxiliary head")
-            self.aux.to(replica.device)
-            self.aux_entries, self.aux_size = param_entries(self.aux)
-        self.num_train = int(self.layout.client_train.size) + self.aux_size
+        self.aux = None if plan.aux is None else plan.aux.to(replica.device)
+        self.aux_entries = plan.aux_entries
 
     def client_tensors(self, p: torch.Tensor, f: torch.Tensor) -> dict[str, torch.Tensor]:
         return {**views(p, self.layout.ct_entries), **views(f, self.layout.cf_entries)}
@@ -180,8 +163,9 @@ class SplitRuntime:
         n = int(labels.shape[0])
         if n == 0:
             raise ValueError(f"client {cid} has no data")
-        p = torch.tensor(vec[: self.k.num_train], device=rp.device).requires_grad_(True)
-        f = torch.tensor(vec[self.k.num_train :], device=rp.device)
+        train, fixed = self.k.plan.unpack(vec)
+        p = torch.tensor(train, device=rp.device).requires_grad_(True)
+        f = torch.tensor(fixed, device=rp.device)
         opt = make_optimizer(ctx, [p])
         plan = batch_plan(ctx.rng("order"), n, bk, self.k.shape.local_iters)
         gen = ctx.torch_generator("augment") if rp.augment is not None else None

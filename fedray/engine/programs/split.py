@@ -40,14 +40,7 @@ from fedray.engine.outcomes import SplitOutcome
 from fedray.engine.programs.split_server import SplitServer
 from fedray.engine.round_report import ByteCounts, LedgerRow, RoundReport, RoundResult, arrays_nbytes
 from fedray.engine.sampling import sample_clients
-from fedray.engine.split_layout import (
-    SplitLayout,
-    assign_clients,
-    batch_sizes,
-    client_output_shape,
-    param_entries,
-    params_vector,
-)
+from fedray.engine.split_layout import SplitPlan, assign_clients, batch_sizes, params_vector
 
 __all__ = ["SplitProgram"]
 
@@ -71,24 +64,17 @@ class SplitProgram:
         self.cfg, self.algorithm, self.pool, self.sizes = cfg, algorithm, pool, sizes
         self.faults = faults
         self.shape = algorithm.shape
-        self.point = algorithm.split_point_for(model)
-        self.layout = SplitLayout(model, self.point)
+        self.plan = SplitPlan.build(algorithm, model, meta)  # the workers' runtime builds the same plan
+        self.point, self.layout = self.plan.point, self.plan.layout
         self.server = SplitServer(model, self.layout, algorithm, cfg.train, int(cfg.seed), device)
         self.class_counts = class_counts
-        self.num_classes = int(meta.num_classes)
-        self.aux_size = 0
-        self.act_shape = client_output_shape(model, self.point, meta)
-        if not self.shape.returns_gradients:
-            head = algorithm.aux_head(self.act_shape, self.num_classes)
-            if head is None:
-                raise ValueError(f"algorithm {algorithm.name!r} returns no gradients but defines no auxiliary head")
-            self.aux_size = param_entries(head)[1]
+        self.num_classes = self.plan.num_classes
 
     def init_aux(self) -> np.ndarray:
         """The auxiliary head's initial weights, drawn from a generator keyed by the seed."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed_of([int(self.cfg.seed), SERVER_STREAM, 1003]))
-            head = self.algorithm.aux_head(self.act_shape, self.num_classes)
+            head = self.algorithm.aux_head(self.plan.act_shape, self.num_classes)
         return params_vector(head)
 
     # ---------------------------------------------------------------------------------------
@@ -109,9 +95,9 @@ class SplitProgram:
         t0 = time.perf_counter()
         state = dict(algo_state or {})
         aux = state.get("aux")
-        if self.aux_size and aux is None:
+        if self.plan.aux_size and aux is None:
             aux = self.init_aux()
-        init = self.layout.client_vector(weights, aux if self.aux_size else None)
+        init = self.plan.client_vector(weights, aux)
         payload = dict(algo.broadcast(rnd, weights, state))
         decay = lr_factor(cfg.train, rnd)
         s_train, s_fixed = self.layout.server_vectors(weights)
@@ -220,9 +206,9 @@ class SplitProgram:
         new = np.array(weights, dtype=np.float32, copy=True)
         avg = fold.result()
         assert avg is not None
-        aux_new = self.layout.write(new, avg.astype(np.float32, copy=False), self.aux_size, s_train, s_fixed)
+        aux_new = self.plan.write(new, avg.astype(np.float32, copy=False), s_train, s_fixed)
         new_state = dict(state)
-        if self.aux_size:
+        if self.plan.aux_size:
             new_state["aux"] = aux_new
         if opt_state is not None:
             new_state["server_optimizer"] = opt_state
