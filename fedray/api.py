@@ -290,7 +290,7 @@ def _main_code_name(cfg) -> None:
              if module == "__main__"]
     if not mains or cfg.output.name:
         return
-    from fedray.engine.claim import default_run_name
+    from fedray.reporting.claim import default_run_name
 
     h, seen = hashlib.sha256(), set()
     for name, entry in mains:

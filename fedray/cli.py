@@ -41,7 +41,7 @@ def _dry_run(args) -> int:
     from pathlib import Path
 
     from fedray.config import dump_config, load_config
-    from fedray.engine.claim import default_run_name
+    from fedray.reporting.claim import default_run_name
     from fedray.plugins import check_registries  # the names checks `fedray run` and `fedray tune` make first
 
     if args.resume or not args.config:
@@ -119,11 +119,11 @@ def run_with_early_start(cfg, resume=None, *, t0: float | None, address: str | N
     run: ``fedray run`` and ``jobs.train`` (``ray job submit``). Nothing before the early start imports
     torch, nor anything after it on a Ray run (tests/test_cli_imports.py). ``run_kw``: more of :func:`~fedray.engine.runner.run_experiment`'s.
 
-    First, before anything starts, the run directory of a new run (:func:`fedray.engine.claim.check_run_dir`):
+    First, before anything starts, the run directory of a new run (:func:`fedray.reporting.claim.check_run_dir`):
     one that holds this config's finished run returns a :class:`FinishedRun`; one that holds another run
     (failed, interrupted, another config's) raises ``ConfigError``, unless ``overwrite``."""
     if cfg is not None and resume is None:
-        from fedray.engine.claim import check_run_dir, run_dir_of
+        from fedray.reporting.claim import check_run_dir, run_dir_of
 
         path = run_dir_of(cfg)
         if not check_run_dir(path, cfg, overwrite=run_kw.get("overwrite", False), finished_ok=True):

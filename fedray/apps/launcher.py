@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 
 from fedray.config import ConfigError, ExperimentConfig
 from fedray.core.io import LockHeld, exclusive_lock
-from fedray.engine.claim import run_dir_of
+from fedray.reporting.claim import run_dir_of
 from fedray.engine.runner import run_experiment
 from fedray.engine.setup import RunResult
 from fedray.reporting.progress import ProgressBar

@@ -34,7 +34,7 @@ from typing import Any
 from fedray.config import (ConfigError, ExperimentConfig, anchor_to_file, apply_overrides, config_hash, from_dict,
                            hashed_fields, parse_override, read_config_file)
 from fedray.config_paths import check_path, set_path
-from fedray.engine.claim import default_run_name
+from fedray.reporting.claim import default_run_name
 from fedray.plugins import check_registries
 from fedray.reporting.seeds import check_metric, field_label
 

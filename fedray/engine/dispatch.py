@@ -258,9 +258,6 @@ class TaskScheduler:
                 f"{self.policy.max_client_retries} times and were dropped (engine.max_dropped_fraction="
                 f"{self.policy.max_dropped_fraction:g}); client {first}: {self.last_error.get(first, 'worker lost')}")
 
-    def ledger_rows(self) -> list[dict]:
-        return [r.as_dict() for r in self.ledger]
-
     # ----------------------------------------------------------------------------------------------
     def _strategy(self, task: Task) -> OutcomeStrategy:
         """How ``task``'s result and its worker's death are taken in (module docstring)."""

@@ -1,6 +1,6 @@
 """The round loop of a run's driver: rounds ``start .. train.rounds`` on the coordinator handle, each recorded
 (ledger, ``metrics.jsonl``) with Ctrl-C / SIGTERM deferred while it is, the callbacks of
-:mod:`fedray.engine.callbacks`, a lost coordinator restarted from the last checkpoint, and resume."""
+:mod:`fedray.reporting.callbacks`, a lost coordinator restarted from the last checkpoint, and resume."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``run_experiment(cfg)`` is what ``fedray run``, ``jobs.train``, sweeps, studies and the tests call. It is
 four steps, each a module of its own: :func:`~fedray.engine.setup.setup_run` (checks, data, run directory),
 :func:`~fedray.engine.handle.open_coordinator` (the coordinator handle: a Ray actor or in-process),
-:class:`~fedray.engine.rounds.RoundLoop` (the rounds, with callbacks from :mod:`fedray.engine.callbacks`) and
+:class:`~fedray.engine.rounds.RoundLoop` (the rounds, with callbacks from :mod:`fedray.reporting.callbacks` and :mod:`fedray.engine.callbacks`) and
 :func:`~fedray.engine.setup.finish_run` (final weights, summary, status). With ``engine.backend: ray`` it uses the Ray
 instance already initialised in this process, the cluster named by ``engine.ray_address`` / ``fedray run
 --address`` or ``RAY_ADDRESS`` (under ``ray job submit``), or starts a private, loopback-only local one with
@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from fedray.config import ExperimentConfig
-from fedray.engine.callbacks import Checkpointer, DriverFaults, OnRound, Progress, TensorBoard, Trackers
+from fedray.engine.callbacks import Checkpointer, DriverFaults
+from fedray.reporting.callbacks import OnRound, Progress, TensorBoard, Trackers
 from fedray.engine.faults import FaultInjector
 from fedray.engine.handle import _reason, open_coordinator
 from fedray.engine.launch import EarlyStart, early_start

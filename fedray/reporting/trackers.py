@@ -5,7 +5,7 @@ What a tracker receives is decided here, once, for every tracker (TensorBoard in
 ``group/key``, e.g. ``seconds/train``, ``domain_accuracy/photo``), logged with step = round, and
 :func:`flat_params` turns the resolved config into dotted parameters. The per-run bookkeeping (which tracker
 run a run directory continues, which rounds it already has, what to do when one fails) is the engine's
-:class:`fedray.engine.callbacks.Trackers`; this module only speaks to the libraries.
+:class:`fedray.reporting.callbacks.Trackers`; this module only speaks to the libraries.
 
 Each library is an optional extra (``pip install 'fedray[mlflow]'``, ``'fedray[wandb]'``); a config that
 turns on a tracker whose library is missing is refused by :func:`check_trackers` before any work.

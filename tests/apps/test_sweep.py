@@ -14,7 +14,7 @@ import pytest
 from fedray.apps.sweep_spec import load_sweep
 from fedray.cli import main as cli
 from fedray.config import ConfigError, load_config
-from fedray.engine.claim import default_run_name
+from fedray.reporting.claim import default_run_name
 from tests.apps.sweeps import write_sweep
 
 

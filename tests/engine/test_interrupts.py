@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fedray.engine.callbacks import Callback
+from fedray.reporting.callbacks import Callback
 from fedray.engine.round_report import RoundReport
 from fedray.engine.rounds import RoundLoop
 from fedray.engine.setup import RunResult

@@ -9,7 +9,7 @@ import types
 from mlflow.tracking import MlflowClient
 
 from fedray.config import MlflowConfig
-from fedray.engine.callbacks import Progress, Trackers
+from fedray.reporting.callbacks import Progress, Trackers
 from fedray.engine.setup import RunResult
 from fedray.reporting.report import _tracker_lines
 from fedray.reporting.rundir import RunDir
