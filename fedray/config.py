@@ -138,6 +138,10 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     max_client_retries: int = 2  # a client failing more often than this in a round is dropped
     max_worker_restarts: int = 10  # per round, before the run fails
+    # a Ray worker holding a task that leaves a heartbeat (a call served on a thread of its own, answered even in
+    # the middle of a client's training) unanswered this long is hung (stopped, deadlocked, swapped out): it is
+    # killed and replaced, and its clients re-run with the same seeds. None: never checked
+    heartbeat_s: float | None = 60.0
     # largest fraction of a round's sampled clients that may be dropped (failed past their retries) before the
     # run fails; 0 = strict: any dropped client fails the run. A round with no client left always fails.
     max_dropped_fraction: float = 0.0
@@ -246,6 +250,7 @@ _HASH_EXCLUDE = {
     "engine.ray_address",
     "engine.fault_injection",
     "engine.max_worker_restarts",
+    "engine.heartbeat_s",
     "engine.max_dropped_fraction",
     "data.cache_dir",
     "data.download", "data.mirrors",  # where the files came from changes no number (the source fingerprint names them)
@@ -444,6 +449,7 @@ def _validate_engine(e: EngineConfig) -> None:
     _positive("engine.reorder_window", e.reorder_window)
     _positive("engine.over_selection", e.over_selection, allow_zero=True)
     _positive("engine.round_deadline_s", e.round_deadline_s, allow_zero=True)
+    _positive("engine.heartbeat_s", e.heartbeat_s)
     _positive("engine.max_client_retries", e.max_client_retries, allow_zero=True)
     _positive("engine.max_dropped_fraction", e.max_dropped_fraction, allow_zero=True)
     if e.max_dropped_fraction > 1:

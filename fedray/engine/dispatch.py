@@ -218,7 +218,11 @@ class TaskScheduler:
                         return
                     raise RunAborted(f"round {self.rnd}: no client worker left{label}: {self.pool.lost_summary()}")
                 continue
+            beat = self.pool.heartbeat_interval  # a bounded wait: the busy workers' heartbeats are checked
+            if beat is not None:
+                timeout = beat if timeout is None else min(beat, timeout)
             ready = self.pool.wait(list(self._inflight), timeout=timeout)
+            self.pool.check_heartbeats({entry[0] for entry in self._inflight.values()})
             if not ready and deadline is not None and time.perf_counter() >= deadline:
                 return
             for h in ready:

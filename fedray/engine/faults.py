@@ -7,6 +7,8 @@ raises (``raise``); ``iteration`` restricts it to one task of a split round (0 .
 id (``-`` without Ray) to ``<run dir>/faults/hang-rR-cC`` and blocks there, so that a test can remove that node
 while the client's task is in flight (a deterministic mid-round node loss); after ``HANG_S`` it raises instead,
 so a test that never ends it cannot hang the run.
+``{kind: stop, round: R, client: C}``: the first time client C of round R starts, its worker process stops
+itself (SIGSTOP: hung, not dead; ``engine.heartbeat_s`` finds it).
 ``{kind: driver_exit, round: R}``: the driver process exits hard once, before round R.
 ``{kind: coordinator_exit, round: R}``: the coordinator process exits hard once, in the middle of round R
 (when the scheduler takes the round's first finished task, i.e. after the round's tasks were dispatched).
@@ -17,6 +19,7 @@ replacements, retries and concurrent workers.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -44,6 +47,10 @@ class FaultInjector:
         self.dir.mkdir(parents=True, exist_ok=True)
         if f.get("kind") == "hang":
             self._hang(rnd, cid)
+            return
+        if f.get("kind") == "stop":
+            if self._first(f"stop-r{rnd}-c{cid}"):
+                os.kill(os.getpid(), signal.SIGSTOP)
             return
         times = int(f.get("times", 1))
         marker = self.dir / f"r{rnd}-c{cid}"
@@ -82,10 +89,15 @@ class FaultInjector:
         f = self.spec
         if f.get("kind") != kind or int(f.get("round", -1)) != rnd:
             return
+        if self._first(name):
+            os._exit(17)
+
+    def _first(self, name: str) -> bool:
+        """True the first time any process of the run asks for ``name`` (a marker file made with O_EXCL)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(self.dir / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            return
+            return False
         os.close(fd)
-        os._exit(17)
+        return True

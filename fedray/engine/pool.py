@@ -17,9 +17,11 @@ The in-process pool replaces a worker in place (``replace`` returns True: the sl
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from fedray.core.errors import ConfigError
 from fedray.engine.outcomes import WorkerLost
@@ -45,6 +47,10 @@ class PoolBase:
 
     size: int
     pipeline_depth = 1  # tasks a worker holds at once (in-process tasks run at submit time: nothing to queue)
+    heartbeat_interval: float | None = None  # in-process workers cannot hang apart from the coordinator
+
+    def check_heartbeats(self, busy) -> None:
+        """Kill the workers of ``busy`` (slots holding tasks) found hung (none here)."""
 
     @property
     def slots(self) -> list[int]:
@@ -130,13 +136,20 @@ class RayPool:
     #: round trip through the coordinator (fedray.engine.dispatch, "Pipelining")
     pipeline_depth = 2
 
-    def __init__(self, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float, actors: list | None = None):
+    def __init__(self, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float, actors: list | None = None,
+                 heartbeat_s: float | None = None):
         """``actors``: workers already started with :meth:`start` (the driver starts them while the
         coordinator actor starts, so the two start-ups overlap); the pool waits for them and owns them
-        from here on (replacements are started by the pool)."""
+        from here on (replacements are started by the pool). ``heartbeat_s``: see :meth:`check_heartbeats`."""
         import ray
 
         self.ray = ray
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_interval = None if heartbeat_s is None else max(0.05, min(1.0, heartbeat_s / 4))
+        self._pings: dict[int, tuple[Any, float]] = {}  # slot -> (its unanswered heartbeat, when it was sent)
+        self._answered: dict[int, float] = {}  # slot -> when its last heartbeat was answered
+        self.hung: dict[int, str] = {}  # slot -> why it was killed as hung
+        self._slot_of: dict = {}  # task ref -> slot (a killed hung worker's tasks fail naming why)
         self.spec = spec
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
@@ -154,10 +167,7 @@ class RayPool:
 
     @staticmethod
     def _actor_cls(num_cpus: float, num_gpus: float):
-        import ray
-
-        return ray.remote(ClientWorker).options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0,
-                                                max_task_retries=0)
+        return _ray_worker_class().options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, max_task_retries=0)
 
     @classmethod
     def start(cls, spec: WorkerSpec | None, num_workers: int, num_cpus: float, num_gpus: float) -> list:
@@ -196,7 +206,9 @@ class RayPool:
         """Call ``ClientWorker.<method>(*args)`` on actor ``widx``; returns the result's object ref."""
         if not self.live[widx]:
             raise RuntimeError(f"RayPool: slot {widx} ({self.names[widx]}) is not a live worker")
-        return getattr(self.workers[widx], method).remote(*args)
+        ref = getattr(self.workers[widx], method).remote(*args)
+        self._slot_of[ref] = widx
+        return ref
 
     def wait(self, handles: list, timeout: float | None = None) -> list:
         """The finished ones of ``handles`` (blocks until one is, or a replacement becomes ready: then [])."""
@@ -210,12 +222,48 @@ class RayPool:
     def result(self, ref):
         from ray import exceptions as rex
 
+        slot = self._slot_of.pop(ref, None)
         try:
             return self.ray.get(ref)
         except (rex.RayActorError, rex.WorkerCrashedError, rex.OutOfMemoryError, rex.ObjectLostError) as e:
+            if slot in self.hung:
+                raise WorkerLost(self.hung[slot]) from e
             raise WorkerLost(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
         except rex.RayTaskError as e:  # an exception escaped run_clients itself (not a client)
             raise WorkerLost(f"worker task failed: {str(e).splitlines()[0]}") from e
+
+    def check_heartbeats(self, busy) -> None:
+        """Heartbeats of the workers holding tasks (``busy`` slots): each gets a ``ping`` (served on its own
+        thread, so a worker deep in a client's training answers within milliseconds) every
+        :attr:`heartbeat_interval`; one left unanswered for ``heartbeat_s`` marks its worker hung (stopped,
+        deadlocked, swapped out, its node unreachable): the actor is killed, so its tasks fail as a lost
+        worker's and the scheduler replaces it and re-runs its clients with the same seeds."""
+        timeout, interval = self.heartbeat_s, self.heartbeat_interval
+        if timeout is None or interval is None:
+            return
+        now = time.monotonic()
+        if self._pings:
+            done, _ = self.ray.wait([ref for ref, _ in self._pings.values()], num_returns=len(self._pings), timeout=0)
+            done_set = set(done)
+            for slot, (ref, _) in list(self._pings.items()):
+                if ref in done_set:
+                    del self._pings[slot]
+                    self._answered[slot] = now
+        for slot in busy:
+            if not self.live[slot] or slot in self.hung:
+                continue
+            if slot in self._pings:
+                if now - self._pings[slot][1] >= timeout:
+                    self._hang(slot)
+            elif now - self._answered.get(slot, 0.0) >= interval:
+                self._pings[slot] = (self.workers[slot].ping.remote(), now)
+
+    def _hang(self, slot: int) -> None:
+        node = self.nodes[slot]
+        self.hung[slot] = (f"worker hung: {self.names[slot]} (node {node[:12] if node else '?'}) left a heartbeat "
+                           f"unanswered for {self.heartbeat_s:g} s (engine.heartbeat_s); killed")
+        self._pings.pop(slot, None)
+        self._kill(self.workers[slot])
 
     # ------------------------------------------------------------------------------ shrink and grow
     def replace(self, widx: int) -> bool:
@@ -223,8 +271,9 @@ class RayPool:
         the slot is not usable again."""
         self._kill(self.workers[widx])
         self.live[widx] = False
+        self._pings.pop(widx, None)
         node = self.nodes[widx]
-        self.lost.append(f"{self.names[widx]} (node {node[:12] if node else '?'})")
+        self.lost.append(f"{self.names[widx]} (node {node[:12] if node else '?'}{', hung' if widx in self.hung else ''})")
         self._spawn(widx)
         return False
 
@@ -316,6 +365,21 @@ class RayPool:
         for w in self.workers:  # retired ones too: a kill of a dead actor is a no-op
             self._kill(w)
         self.workers, self.live, self._pending, self._respawn = [], [], {}, []
+
+
+@functools.lru_cache(maxsize=None)
+def _ray_worker_class():
+    """``ClientWorker`` as a Ray actor class, with ``ping`` in a concurrency group of its own (one thread): the
+    heartbeat of :meth:`RayPool.check_heartbeats`; the work stays on the default group's single thread, in
+    submission order."""
+    import ray
+
+    class RayClientWorker(ClientWorker):
+        @ray.method(concurrency_group="heartbeat")
+        def ping(self) -> bool:
+            return True
+
+    return ray.remote(concurrency_groups={"heartbeat": 1})(RayClientWorker)
 
 
 def default_num_workers(cfg, clients_per_round: int) -> tuple[int, float, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -30,6 +32,32 @@ def test_worker_killed_mid_round_is_replaced_and_result_identical(tmp_path, part
     ledger = RunDir(faulty.run_dir).read_ledger().to_pylist()
     lost = [r for r in ledger if r["failure"] and "worker lost" in r["failure"]]
     assert lost and all(r["round"] == 2 for r in lost)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("program", ["federated", "split"])
+def test_a_hung_worker_is_found_by_its_heartbeat_replaced_and_the_result_identical(tmp_path, partition_cache,
+                                                                                   ray_session, program):
+    """A worker stopped (SIGSTOP) in the middle of a client: alive but silent. Its heartbeat goes unanswered
+    for engine.heartbeat_s, it is killed and replaced, its clients re-run with the same seeds (the split round
+    replays its pinned task): the same bits as the undisturbed run, and the ledger says why."""
+    from tests.helpers import split_config
+
+    make = small_config if program == "federated" else functools.partial(split_config, name="scala")
+    base = dict(train__rounds=2, engine__backend="ray", engine__num_workers=2)
+    if program == "federated":
+        base["train__clients_per_round"] = 6
+    k = base.get("train__clients_per_round", 4)
+    clean = _run(make(tmp_path / "clean", partition_cache, **base))
+    cid = [int(c) for c in np.random.default_rng([0, 2]).choice(100, size=k, replace=False)][1]
+    faulty = _run(make(tmp_path / "hung", partition_cache, **base, engine__heartbeat_s=1.0,
+                       engine__fault_injection={"kind": "stop", "round": 2, "client": cid}))
+    assert faulty.weights_hash == clean.weights_hash
+    assert faulty.rounds[1]["worker_restarts"] >= 1 and faulty.rounds[1]["dropped"] == []
+    ledger = RunDir(faulty.run_dir).read_ledger().to_pylist()
+    hung = [r for r in ledger if r["failure"] and "worker hung" in r["failure"]]
+    assert hung and all(r["round"] == 2 for r in hung) and "engine.heartbeat_s" in hung[0]["failure"]
+    assert cid in {r["client"] for r in hung}
 
 
 @pytest.mark.ray
