@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fedray.apps.launcher import Job, RunOutcome, log_writer
 from fedray.apps.slices import apply_slice
 from fedray.config import ConfigError, ExperimentConfig, from_dict
-from fedray.engine.claim import settle_run_json
+from fedray.reporting.claim import settle_run_json
 from tuning.objective import MetricError, MetricTracker
 from tuning.space import StudySpec
 from tuning.study_dir import StudyDir

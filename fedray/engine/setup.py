@@ -19,15 +19,10 @@ from fedray.data.fetch import data_root, ensure_data
 from fedray.data.sources import load_source
 from fedray.data.store import PartitionStore, build_partition
 from fedray.data.table import DataBundle
-<<<<<<< HEAD
-from fedray.engine.callbacks import Trackers
-from fedray.engine.claim import check_run_dir, default_run_name, refuse_live_owner
-=======
-from fedray.reporting.callbacks import Trackers
-from fedray.reporting.claim import check_run_dir, default_run_name
->>>>>>> 4e48301 (Reporting callbacks and the run-directory claim leave the engine (issue 33))
 from fedray.engine.launch import EarlyStart
 from fedray.plugins import check_data_fit, check_driver, check_output_root, check_registries
+from fedray.reporting.callbacks import Trackers
+from fedray.reporting.claim import check_run_dir, default_run_name, refuse_live_owner
 from fedray.reporting.rundir import RunDir
 from fedray.reporting.trackers import open_trackers
 
