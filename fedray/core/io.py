@@ -62,12 +62,12 @@ def _injected_fault(path: Path) -> None:
     """The fault :data:`FAULT_ENV` asks for at this write of ``path``, if any (see the module docstring)."""
     if FAULT_ENV not in os.environ:
         return
-    for glob, n, action in _fault_spec():
-        if not fnmatch.fnmatch(path.name, glob):
-            continue
-        with _counts_lock:
-            _counts[glob] = seen = _counts.get(glob, 0) + 1
-        if seen != n:
+    spec = _fault_spec()
+    with _counts_lock:  # this write counted once for each GLOB it matches
+        seen = {glob: _counts.get(glob, 0) + 1 for glob in {g for g, _, _ in spec} if fnmatch.fnmatch(path.name, glob)}
+        _counts.update(seen)
+    for glob, n, action in spec:
+        if seen.get(glob) != n:
             continue
         if action == "enospc":
             raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAULT_ENV})", str(path))

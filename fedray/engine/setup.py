@@ -110,6 +110,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
             raise ConfigError(f"--resume {str(resume)!r}: not a run directory (no config.yaml)")
         cfg = load_config(rd.path / "config.yaml")
         resumes = _resume_history(rd, log)  # refuses a run whose driver still lives
+        _check_resumable(rd, cfg)
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
     if early is None:
@@ -162,6 +163,16 @@ def _resume_history(rd: RunDir, log) -> list[dict]:
     elif status == "killed":
         log(f"[fedray] {rd.path}: {reason}; resuming it")
     return [*info.get("resumes", []), {"at": time.time(), "status": status, "reason": reason, "owner": owner}]
+
+
+def _check_resumable(rd: RunDir, cfg: ExperimentConfig) -> None:
+    """Recorded rounds and no checkpoint to go on from: refused here, before run.json is touched, so that it keeps
+    saying how the run ended (:func:`fedray.engine.rounds.resume_state` makes the same check, after the start)."""
+    recorded = rd.read_metrics()
+    if recorded and not (rd.path / "checkpoints" / "latest").is_file():
+        raise ConfigError(f"--resume {rd.path}: no checkpoint (checkpoints/latest) to continue the {len(recorded)} "
+                          f"recorded rounds from (output.checkpoint_every={cfg.output.checkpoint_every}); start over "
+                          f"with --overwrite")
 
 
 def fail_run(run: Run, engine, result: RunResult, log=print) -> None:

@@ -61,3 +61,19 @@ def test_temporary_names_are_those_of_the_atomic_writer():
 
     assert is_temp_name(".ckpt-000002.npz.j8igl2ma.tmp.npz") and is_temp_name(".run.json.abc123.tmp")
     assert not is_temp_name("run.json") and not is_temp_name(".space-reserve") and not is_temp_name("x.tmp")
+
+
+def test_two_faults_on_one_glob_count_each_write_once(tmp_path, monkeypatch):
+    import fedray.core.io as io
+    from fedray.core.errors import DiskFull
+
+    monkeypatch.setenv(io.FAULT_ENV, "ckpt-*@2=enospc,ckpt-*@3=enospc")
+    monkeypatch.setattr(io, "_counts", {})
+    outcomes = []
+    for i in range(1, 5):
+        try:
+            io.atomic_write_text(tmp_path / f"ckpt-{i}", "x")
+            outcomes.append("ok")
+        except DiskFull:
+            outcomes.append("full")
+    assert outcomes == ["ok", "full", "full", "ok"]

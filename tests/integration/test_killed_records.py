@@ -114,3 +114,22 @@ def test_a_sigkilled_sweep_records_its_session_killed_and_its_point_s_run_as_res
     killed = [p for p in (out / "runs").iterdir() if RunDir(p).read_json("run.json").get("resumes")]
     assert len(killed) == 1 and RunDir(killed[0]).read_json("run.json")["resumes"][0]["status"] == "killed"
     assert all(RunDir(p).read_json("run.json")["status"] == "finished" for p in (out / "runs").iterdir())
+
+
+def test_a_killed_run_without_a_checkpoint_is_refused_and_its_record_kept(tmp_path):
+    """SIGKILLed after round 1's row, before any checkpoint (output.checkpoint_every=0): --resume has nothing to go
+    on from and says so (exit 2, naming --overwrite) before it writes anything: run.json keeps reading killed, not
+    the refusal; --overwrite then runs it again from round 1."""
+    cfg = write_tiny_config(tmp_path, rounds=3)
+    r = _fedray("run", str(cfg), "--quiet", **{FAULT_ENV: "metrics.jsonl@3=sigkill"})
+    assert r.returncode == -signal.SIGKILL, r.stdout[-2000:] + r.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "tiny"
+    before = (run_dir / "run.json").read_text()
+    res = _fedray("run", "--resume", str(run_dir))
+    assert res.returncode == 2 and "no checkpoint (checkpoints/latest) to continue the 1 recorded rounds" in res.stderr
+    assert "start over with --overwrite" in res.stderr
+    assert (run_dir / "run.json").read_text() == before  # still the killed driver's record
+    assert "status:          killed" in _fedray("show", str(run_dir)).stdout
+    again = _fedray("run", str(cfg), "--quiet", "--overwrite")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [row["round"] for row in RunDir(run_dir).read_metrics()] == [1, 2, 3]

@@ -1,0 +1,510 @@
+"""Chaos: random fault schedules over whole fedray runs, each checked against fedray's promise.
+
+    python bench/chaos.py --schedules 40 --seed 0              # figures at the end, one line per schedule
+    python bench/chaos.py --schedules 5 --kinds enospc,driver_sigkill --keep --workdir /tmp/chaos
+    python bench/chaos.py --seed 0 --only 17                   # replay schedule 17 of seed 0 (same plan)
+    fedray bench chaos --schedules 40                          # the same (bench/bench_chaos.py)
+
+The promise (docs/reliability.md): a run either ends with the bits of the fault-free run, or fails loudly (exit
+non-zero; run.json ``failed`` with a reason, ``interrupted``, or ``killed`` when its driver was killed) and
+``fedray run --resume`` reaches those bits; nothing written is lost or silently overwritten.
+
+A schedule is one short ``fedray run`` (the FedAvg CNN on the embedded MNIST subset, 20 clients, 4 a round, 4 rounds
+on a private local Ray with 2 workers; a program variant: plain, ``engine.fold_group``, ``engine.multi_client``)
+with 1 to ``--max-faults`` faults drawn from the seed (bench/chaos_faults.py: the kinds, how each is planned and
+injected). The harness runs the driver as a subprocess, injects the faults, and after every driver that exits
+non-zero checks that the failure was loud and runs ``fedray run --resume`` (a fresh ``fedray run`` when no run.json
+was written), until a driver exits 0 or a resume is refused. Then it checks the promise:
+
+- the final weights hash equals the fault-free run's (computed once per variant, same command, no fault);
+- ``metrics.jsonl`` holds every round once, in order, and the ledger one file per round holding that round;
+- run.json says ``finished``; no temporary file of a write and no space reserve is left in the run directory;
+- no process of the run (found by an environment tag every Ray process inherits) outlives it, and nothing is left
+  in the run's own TMPDIR (Ray's session directories go to ``RAY_TMPDIR``: its logs, which Ray keeps by design).
+
+Violations are counted and printed with the command that replays the schedule. Exit status 1 when any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from chaos_faults import KINDS, Fault, Target, mount_tmpfs, unmount, write_spec  # noqa: E402
+
+from fedray.core.io import FAULT_ENV, is_temp_name  # noqa: E402
+from fedray.core.owner import read_run_status  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TAG_ENV = "FEDRAY_CHAOS_TAG"
+ROUNDS = 4
+VARIANTS = {"federated": {}, "fold_group": {"engine": {"fold_group": 2}},
+            "multi_client": {"engine": {"multi_client": 2}}}
+
+
+def experiment(variant: str, root: Path, cache: Path, rounds: int = ROUNDS, checkpoint_every: int = 1) -> dict:
+    cfg = {
+        "seed": 0,
+        "data": {"source": "mnist5k", "normalize": False, "cache_dir": str(cache),
+                 "partition": {"name": "dirichlet", "num_clients": 20, "params": {"alpha": 0.5}}},
+        "model": {"name": "fedavg_cnn"},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": rounds, "clients_per_round": 4, "batch_size": 10, "lr": 0.05},
+        "eval": {"every": 1},
+        "engine": {"backend": "ray", "num_workers": 2, "max_worker_restarts": 8, "max_coordinator_restarts": 4},
+        "output": {"root": str(root), "name": "run", "checkpoint_every": checkpoint_every, "tensorboard": False,
+                   "progress": False},
+    }
+    for section, values in VARIANTS[variant].items():
+        cfg[section].update(values)
+    return cfg
+
+
+@dataclass
+class Attempt:
+    number: int
+    command: str  # run | resume
+    rc: int | None = None
+    status: str | None = None  # run.json's, a dead driver's "running" read as "killed"
+    reason: str | None = None
+    seconds: float = 0.0
+    hung: bool = False
+    tail: str = ""
+
+
+@dataclass
+class Outcome:
+    index: int
+    variant: str
+    faults: list[Fault]
+    attempts: list[Attempt] = field(default_factory=list)
+    ending: str = "unfinished"  # identical | other bits | refused | unfinished
+    problems: list[str] = field(default_factory=list)  # violations of the promise
+    leaked: list[str] = field(default_factory=list)
+    started_over: int = 0  # resumes refused for want of a checkpoint, then run again with --overwrite
+    seconds: float = 0.0
+
+    @property
+    def loud_failures(self) -> int:
+        return sum(1 for a in self.attempts if a.rc != 0)
+
+
+# ------------------------------------------------------------------------------------------- processes
+def driver_env(tag: str, scratch: Path) -> dict:
+    """A driver's environment: no fault, no outside Ray, its own TMPDIR and RAY_TMPDIR, and the schedule's tag."""
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, "RAY_ADDRESS")}
+    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
+    env.update({"TQDM_DISABLE": "1", "FEDRAY_NO_WARM": "1", "RAY_USAGE_STATS_ENABLED": "0", TAG_ENV: tag,
+                "RAY_TMPDIR": str(scratch / "ray"), "TMPDIR": str(scratch / "tmp"),
+                "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
+    return env
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Every live process whose environment carries ``tag`` (a schedule's drivers and all their Ray processes)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(TAG_ENV) == tag and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def reap(tag: str, wait_s: float = 30.0) -> list[str]:
+    """Wait (bounded) for the schedule's processes to end; SIGKILL and name those still there."""
+    deadline = time.monotonic() + wait_s
+    left = tagged(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = tagged(tag)
+    names = []
+    for p in left:
+        try:
+            names.append(f"pid {p.pid} {' '.join(p.cmdline())[:70]}")
+            p.kill()
+        except psutil.Error:
+            continue
+    return names
+
+
+def rows(run_dir: Path) -> int:
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            return f.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+# ------------------------------------------------------------------------------------------- one driver
+@dataclass
+class Schedule:
+    index: int
+    variant: str
+    faults: list[Fault]
+    config: Path
+    run_dir: Path
+    scratch: Path
+    tag: str
+    disk: Path | None = None
+
+
+def _watch(s: Schedule, proc: subprocess.Popen, attempt: int, timeout_s: float) -> bool:
+    """Fire this driver's moment faults as they fall due; True when the driver outlived ``timeout_s`` (hung)."""
+    t = Target(proc, s.run_dir, s.disk)
+    start = rows(s.run_dir)
+    pending = [f for f in s.faults if f.attempt == attempt and KINDS[f.kind].fire is not None]
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        now = time.monotonic()
+        done = rows(s.run_dir) - start
+        for f in pending:
+            if f.fired:
+                continue
+            if f.due is None and done >= f.after_rows:
+                f.due = now + f.delay_s
+            if f.due is not None and now >= f.due:
+                fire = KINDS[f.kind].fire
+                f.fired = bool(fire and fire(f, t))  # nothing to act on yet (no worker started): the next poll
+        if now > deadline:
+            proc.kill()
+            proc.wait()
+            return True
+        time.sleep(0.02)
+    for pid in t.stopped:  # a hung worker of this driver: it goes with its Ray
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return False
+
+
+def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Attempt:
+    """Driver process ``attempt``: ``fedray run CONFIG`` (``run``), ``fedray run --resume RUN_DIR`` (``resume``) or
+    ``fedray run CONFIG --overwrite`` (``overwrite``), its moment faults fired as they fall due."""
+    a = Attempt(attempt, command)
+    cmd = [sys.executable, "-m", "fedray", "run", "--quiet"]
+    cmd += ["--resume", str(s.run_dir)] if command == "resume" else [str(s.config)]
+    cmd += ["--overwrite"] if command == "overwrite" else []
+    env = driver_env(s.tag, s.scratch)
+    spec = write_spec(s.faults, attempt)
+    if spec:
+        env[FAULT_ENV] = spec
+    log = s.scratch / f"driver-{attempt}.log"
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            a.hung = _watch(s, proc, attempt, timeout_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    a.rc, a.seconds = proc.returncode, time.monotonic() - t0
+    a.tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-6:])
+    for f in s.faults:  # a write fault struck when its driver ended the way that fault ends one
+        if f.write and f.attempt == attempt and not f.fired:
+            action = f.write.rsplit("=", 1)[1]
+            f.fired = ((action == "enospc" and f"injected by {FAULT_ENV}" in a.tail)
+                       or (action == "sigkill" and a.rc == -signal.SIGKILL and not _external(s, attempt))
+                       or (action == "sigterm" and a.rc in (130, -signal.SIGTERM) and not _external(s, attempt)))
+    if s.disk is not None:
+        for p in s.disk.glob("filler*"):
+            p.unlink()  # space is back for the resume
+    if (s.run_dir / "run.json").is_file():
+        _, a.status, a.reason = read_run_status(s.run_dir)
+    return a
+
+
+def _external(s: Schedule, attempt: int) -> bool:
+    return any(f.fired and f.kind.startswith("driver_") and f.attempt == attempt for f in s.faults)
+
+
+# ------------------------------------------------------------------------------------------- the promise
+def check_ending(run_dir: Path, rounds: int, want_hash: str) -> tuple[str, list[str]]:
+    """(ending, problems) of a run whose last driver exited 0: ``identical`` or ``other bits``, and what breaks
+    the promise (lost or repeated rounds in metrics.jsonl or the ledger, half-written files, a wrong status)."""
+    problems: list[str] = []
+    info, status, _ = read_run_status(run_dir)
+    if status != "finished":
+        problems.append(f"exit 0 but run.json says {status}")
+    try:
+        got = json.loads((run_dir / "summary.json").read_text()).get("weights_hash")
+    except (OSError, ValueError):
+        got = None
+    ending = "identical" if got == want_hash else "other bits"
+    if ending != "identical":
+        problems.append(f"silent wrong result: weights {got}, the fault-free run's {want_hash}")
+    text = (run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").is_file() else ""
+    try:
+        recorded = [int(json.loads(line)["round"]) for line in text.splitlines()]
+    except (ValueError, KeyError):
+        recorded = []
+        problems.append("metrics.jsonl holds a line that is not a whole row")
+    if recorded != list(range(1, rounds + 1)) or (text and not text.endswith("\n")):
+        problems.append(f"metrics.jsonl rounds {recorded}, expected 1..{rounds} once each")
+    problems += _ledger_problems(run_dir, rounds)
+    left = [str(p.relative_to(run_dir)) for p in run_dir.rglob("*")
+            if p.is_file() and (is_temp_name(p.name) or p.name == ".space-reserve")]
+    if left:
+        problems.append(f"left in the run directory: {left}")
+    return ending, problems
+
+
+def _ledger_problems(run_dir: Path, rounds: int) -> list[str]:
+    import pyarrow.parquet as pq
+
+    files = sorted((run_dir / "ledger").glob("round-*.parquet"))
+    names = [f.name for f in files]
+    want = [f"round-{r:06d}.parquet" for r in range(1, rounds + 1)]
+    if names != want:
+        return [f"ledger files {names}, expected {want}"]
+    for r, f in enumerate(files, start=1):
+        try:
+            held = set(pq.read_table(f, columns=["round"]).column("round").to_pylist())
+        except Exception as e:  # noqa: BLE001 - a damaged file is what this looks for
+            return [f"ledger {f.name} unreadable: {type(e).__name__}: {e}"]
+        if held != {r}:
+            return [f"ledger {f.name} holds rounds {sorted(held)}"]
+    return []
+
+
+def _loud(a: Attempt) -> str | None:
+    """What is wrong with a driver that exited non-zero, if anything: its failure must be on record."""
+    if a.status is None or a.status in ("interrupted", "killed", "finished"):
+        return None  # no run.json yet (died in set-up), stopped with a checkpoint, or killed: the record says so
+    if a.status == "failed":
+        return None if a.reason else "run.json says failed without a reason"
+    return f"driver {a.number} exited {a.rc} but run.json says {a.status}"
+
+
+# ------------------------------------------------------------------------------------------- one schedule
+def plan(seed: int, index: int, variants: list[str], kinds: list[str], max_faults: int) -> tuple[str, list[Fault], int]:
+    rng = random.Random(f"chaos:{seed}:{index}")
+    variant = rng.choice(variants)
+    faults = [KINDS[rng.choice(kinds)].plan(rng, ROUNDS) for _ in range(rng.randint(1, max_faults))]
+    return variant, faults, rng.choice([1, 1, 2])
+
+
+def run_schedule(ctx: Context, index: int) -> Outcome:
+    variant, faults, every = plan(ctx.seed, index, ctx.variants, ctx.kinds, ctx.max_faults)
+    out = Outcome(index, variant, faults)
+    tag = uuid.uuid4().hex[:10]
+    scratch = Path(tempfile.mkdtemp(prefix=f"fc-{tag[:6]}-", dir="/tmp"))  # short: Ray's socket paths
+    disk = None
+    root = ctx.workdir / f"s{index:04d}"
+    if any(KINDS[f.kind].disk for f in faults):
+        disk = scratch / "disk"
+        if not mount_tmpfs(disk, "96m"):
+            raise RuntimeError("disk_full needs a tmpfs of its own (mount -t tmpfs): run as root, or leave it out")
+        root = disk
+    cfg_path = scratch / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(experiment(variant, root / "runs", ctx.cache, checkpoint_every=every)))
+    s = Schedule(index, variant, faults, cfg_path, root / "runs" / "run", scratch, tag, disk)
+    t0 = time.monotonic()
+    try:
+        _drive(ctx, s, out)
+    finally:
+        out.leaked = reap(tag)
+        if out.leaked:
+            out.problems.append(f"processes left after the run: {out.leaked}")
+        stray = [p.name for p in (scratch / "tmp").iterdir()] if (scratch / "tmp").is_dir() else []
+        if stray:
+            out.problems.append(f"left in the run's TMPDIR: {stray}")
+        if ctx.keep:
+            shutil.copytree(scratch, root / "scratch", dirs_exist_ok=True, ignore=shutil.ignore_patterns("sockets"))
+        if disk is not None:
+            unmount(disk)
+        shutil.rmtree(scratch, ignore_errors=True)
+        if not ctx.keep:
+            shutil.rmtree(ctx.workdir / f"s{index:04d}", ignore_errors=True)
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def _drive(ctx: Context, s: Schedule, out: Outcome) -> None:
+    """Drivers until one exits 0 (then the promise is checked), a resume is refused for another reason than a
+    missing checkpoint, or the attempts run out. A resume refused for want of a checkpoint (killed before the first
+    one) is followed by what its message says: ``--overwrite``, which must reach the same bits."""
+    limit = 2 + len(s.faults) + sum(1 for f in s.faults if f.attempt > 0)
+    command = "run"
+    for attempt in range(limit):
+        a = run_driver(s, attempt, command, ctx.timeout_s)
+        out.attempts.append(a)
+        if a.hung:
+            out.problems.append(f"driver {attempt} still ran after {ctx.timeout_s:.0f} s (hung); killed")
+        if a.rc == 0:
+            out.ending, problems = check_ending(s.run_dir, ROUNDS, ctx.references[s.variant])
+            out.problems += problems
+            return
+        if a.rc == 2 and "start over with --overwrite" in a.tail and command == "resume":
+            out.started_over += 1
+            command = "overwrite"
+            continue
+        if a.rc == 2:
+            out.ending = "refused"
+            out.problems.append(f"driver {attempt} ({a.command}) refused, exit 2: {a.tail.splitlines()[-1:]}")
+            return
+        wrong = _loud(a)
+        if wrong:
+            out.problems.append(wrong)
+        command = "resume" if (s.run_dir / "run.json").is_file() else "run"
+    out.problems.append(f"no driver finished the run in {limit} tries")
+
+
+# ------------------------------------------------------------------------------------------- the harness
+@dataclass
+class Context:
+    seed: int
+    workdir: Path
+    cache: Path
+    variants: list[str]
+    kinds: list[str]
+    max_faults: int = 3
+    timeout_s: float = 300.0
+    keep: bool = False
+    references: dict[str, str] = field(default_factory=dict)
+
+
+def reference(ctx: Context, variant: str) -> str:
+    """The fault-free run's weights hash: the same command, no fault."""
+    root = ctx.workdir / f"ref-{variant}"
+    shutil.rmtree(root, ignore_errors=True)
+    cfg = root / "config.yaml"
+    root.mkdir(parents=True)
+    cfg.write_text(yaml.safe_dump(experiment(variant, root / "runs", ctx.cache)))
+    tag = uuid.uuid4().hex[:10]
+    scratch = Path(tempfile.mkdtemp(prefix=f"fc-{tag[:6]}-", dir="/tmp"))
+    try:
+        r = subprocess.run([sys.executable, "-m", "fedray", "run", "--quiet", str(cfg)], cwd=ROOT,
+                           env=driver_env(tag, scratch), capture_output=True, text=True, timeout=ctx.timeout_s)
+        reap(tag)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"the fault-free {variant} run failed (exit {r.returncode}): {r.stderr[-2000:]}")
+    return json.loads((root / "runs" / "run" / "summary.json").read_text())["weights_hash"]
+
+
+def available_kinds(names: list[str] | None) -> list[str]:
+    """The kinds drawn: ``names`` (checked), else every default kind this machine can inject."""
+    if names:
+        unknown = [n for n in names if n not in KINDS]
+        if unknown:
+            raise SystemExit(f"chaos: unknown fault kind(s) {unknown}; known: {', '.join(KINDS)}")
+        return names
+    can_mount = os.geteuid() == 0 and shutil.which("mount") is not None
+    return [k.name for k in KINDS.values() if k.default and (can_mount or not k.disk)]
+
+
+def summarize(outcomes: list[Outcome]) -> dict:
+    planned = Counter(f.kind for o in outcomes for f in o.faults)
+    injected = Counter(f.kind for o in outcomes for f in o.faults if f.fired)
+    endings = Counter(o.ending for o in outcomes)
+    problems = Counter(p.split(":")[0] for o in outcomes for p in o.problems)
+    return {
+        "schedules": len(outcomes), "variants": dict(Counter(o.variant for o in outcomes)),
+        "faults_planned": sum(planned.values()), "faults_injected": sum(injected.values()),
+        "by_kind": {k: [injected.get(k, 0), planned[k]] for k in sorted(planned)},
+        "drivers": sum(len(o.attempts) for o in outcomes),
+        "identical": endings.get("identical", 0),
+        "identical_after_loud_failures": sum(1 for o in outcomes if o.ending == "identical" and o.loud_failures),
+        "loud_failures_resumed": sum(o.loud_failures for o in outcomes if o.ending == "identical"),
+        "started_over": sum(o.started_over for o in outcomes),
+        "other_bits": endings.get("other bits", 0), "refused": endings.get("refused", 0),
+        "unfinished": endings.get("unfinished", 0),
+        "leaked_processes": sum(len(o.leaked) for o in outcomes),
+        "violations": sum(1 for o in outcomes if o.problems), "problem_kinds": dict(problems),
+        "seconds": round(sum(o.seconds for o in outcomes), 1),
+    }
+
+
+def print_figures(fig: dict, seed: int) -> None:
+    kinds = ", ".join(f"{k} {i}/{p}" for k, (i, p) in fig["by_kind"].items())
+    print(f"""
+chaos figures (seed {seed})
+  schedules run                         {fig['schedules']} ({', '.join(f'{k} {v}' for k, v in fig['variants'].items())})
+  faults injected / planned             {fig['faults_injected']} / {fig['faults_planned']}: {kinds}
+  driver processes                      {fig['drivers']}
+  bit-identical endings                 {fig['identical']} of {fig['schedules']}
+    of which after loud failures        {fig['identical_after_loud_failures']} ({fig['loud_failures_resumed']} loud failures resumed)
+    resumes refused, no checkpoint yet  {fig['started_over']} (then `fedray run --overwrite`, as the refusal says)
+  ended with other bits (silent)        {fig['other_bits']}
+  resume refused / never finished       {fig['refused']} / {fig['unfinished']}
+  processes leaked                      {fig['leaked_processes']}
+  schedules with any violation          {fig['violations']} {fig['problem_kinds'] or ''}
+  wall time                             {fig['seconds']:.0f} s""")
+
+
+def describe(o: Outcome) -> str:
+    faults = ", ".join(f.describe() + ("" if f.fired else " [not injected]") for f in o.faults)
+    drivers = " -> ".join(f"{a.command} exit {a.rc}" + (f" ({a.status}: {(a.reason or '')[:80]})"
+                                                         if a.rc else "") for a in o.attempts)
+    return f"{o.variant}: {faults} | {drivers} | {o.ending}, {o.seconds:.0f} s"
+
+
+def run(ctx: Context, indices: list[int], log=print) -> list[Outcome]:
+    for v in sorted({plan(ctx.seed, i, ctx.variants, ctx.kinds, ctx.max_faults)[0] for i in indices}):
+        if v not in ctx.references:
+            ctx.references[v] = reference(ctx, v)
+            log(f"[chaos] fault-free {v} run: weights {ctx.references[v]}")
+    outcomes = []
+    for n, i in enumerate(indices, start=1):
+        o = run_schedule(ctx, i)
+        outcomes.append(o)
+        log(f"[chaos] {n}/{len(indices)} schedule {i} {describe(o)}")
+        for p in o.problems:
+            log(f"[chaos]   VIOLATION: {p}\n[chaos]   replay: python bench/chaos.py --seed {ctx.seed} --only {i}")
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--schedules", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", type=int, nargs="+", help="run these schedule numbers of the seed (a replay)")
+    ap.add_argument("--kinds", help=f"comma-separated fault kinds to draw from (default: {', '.join(available_kinds(None))})")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="program variants to draw from")
+    ap.add_argument("--max-faults", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds a driver may run before it counts as hung")
+    ap.add_argument("--workdir", help="where the runs go (default: a temporary directory, removed)")
+    ap.add_argument("--keep", action="store_true", help="keep every schedule's run directory and driver logs")
+    ap.add_argument("--json", help="write the figures and every schedule's outcome to this file")
+    args = ap.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fedray-chaos-"))
+    ctx = Context(args.seed, workdir, workdir / "partitions", args.variants.split(","),
+                  available_kinds(args.kinds.split(",") if args.kinds else None), args.max_faults, args.timeout,
+                  args.keep)
+    print(f"[chaos] seed {args.seed}: kinds {', '.join(ctx.kinds)}; variants {', '.join(ctx.variants)}; in {workdir}")
+    outcomes = run(ctx, args.only or list(range(args.schedules)))
+    fig = summarize(outcomes)
+    print_figures(fig, args.seed)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"figures": fig, "outcomes": [asdict(o) for o in outcomes]}, indent=1,
+                                              default=str) + "\n")
+    if not args.workdir and not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if fig["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
