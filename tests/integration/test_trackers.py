@@ -4,6 +4,8 @@ per-round number equals metrics.jsonl step by step, the resolved config, the fin
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fedray.config import from_dict, load_config
@@ -66,7 +68,10 @@ def test_wandb_offline_run_holds_the_runs_numbers_step_by_step(tracked_run):
     st = rd.read_json("trackers.json")["wandb"]
     assert st["run_id"] == first_ids["wandb"]["run_id"] and st["mode"] == "offline"
     folders = sorted((rd.path / "wandb").glob("offline-run-*"))
-    assert [f.name.rsplit("-", 1)[1] for f in folders] == [st["run_id"]] * 2  # one per process, one run id
+    # one per process, one run id; wandb names a folder offline-run-<date>_<time>-<run id>, with "-1" added when a
+    # second process of the same run starts within the same second
+    assert [re.fullmatch(r"offline-run-\d{8}_\d{6}-([a-z0-9]+)(?:-\d+)?", f.name).group(1) for f in folders] == \
+        [st["run_id"]] * 2
     first, second = (wandb_run(f) for f in folders)
     assert first["preempting"] and first["exit_code"] == 130 and second["exit_code"] == 0
     history = {**first["history"], **second["history"]}
