@@ -155,7 +155,7 @@ class RayCoordinator:
         self.in_flight.clear()
         return report
 
-    def finish_in_flight(self) -> tuple[int, dict, float] | None:
+    def finish_in_flight(self) -> tuple[int, RoundReport, float] | None:
         """After an interruption: the round the actor was running, finished (it goes on anyway)."""
         if not self.in_flight:
             return None
