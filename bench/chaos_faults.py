@@ -8,10 +8,10 @@ finds with psutil among the driver's descendants (``ray::...ClientWorker``, ``ra
 a file fail with ENOSPC or the driver signal itself in the middle of it (during a checkpoint write, a metrics
 append, ...).
 
-Adding a kind is adding a row to :data:`KINDS`. ``worker_sigstop`` (a hung worker) is there, off by default
-(``default=False``): a round waits for a stopped worker until hung-worker detection lands (the task deadline or
-heartbeat of fedray/engine/dispatch.py, pool.py, worker.py); ``--kinds worker_sigstop`` runs it, and then a run
-that does not end within the attempt's time limit counts as hung.
+Adding a kind is adding a row to :data:`KINDS`; ``default=False`` keeps a kind out of the draw unless ``--kinds``
+names it. ``worker_sigstop`` (a hung worker) is found by the heartbeat of ``engine.heartbeat_s`` (the harness's runs
+set 5 s). ``coordinator_sigstop`` is off: nothing finds a hung coordinator yet, so a run with it waits until the
+driver's time limit and counts as hung.
 """
 
 from __future__ import annotations
@@ -241,8 +241,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("enospc", _write("enospc", list(WRITES), "enospc"), None, note="ENOSPC injected in the write helper"),
     Kind("disk_full", _moment("disk_full"), _fill_disk, disk=True, note="the run's own tmpfs filled up"),
     Kind("shard_corrupt", _moment("shard_corrupt"), _corrupt_shard, note="a partition file damaged in place"),
-    Kind("worker_sigstop", _moment("worker_sigstop"), _stop_worker, ray=True, default=False,
-         note="a hung worker: off until hung-worker detection lands in dispatch.py / pool.py / worker.py"),
+    Kind("worker_sigstop", _moment("worker_sigstop"), _stop_worker, ray=True,
+         note="a hung worker (alive, silent): found by engine.heartbeat_s, replaced, its clients re-run"),
+    Kind("coordinator_sigstop", _moment("coordinator_sigstop"), _kill(COORDINATOR, signal.SIGSTOP), ray=True,
+         default=False, note="a hung coordinator: nothing detects it yet (the driver waits); off by default"),
 ]}
 
 

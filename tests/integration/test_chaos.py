@@ -1,8 +1,8 @@
 """The chaos harness (bench/chaos.py, issue 34): its promise checker catches what it is there to catch, its plans
 are reproducible from the seed, and a small seeded subset of its schedules keeps fedray's promise: two runs on a
-private Ray, with a worker and the coordinator SIGKILLed, a SIGKILL in a checkpoint write of the resume, a full
-disk at a ledger and a checkpoint write and a SIGTERM to the driver; each ends with the fault-free run's bits after
-loud failures and resumes, every round recorded once, no half-written file, no process left."""
+private Ray, one with a full disk at a checkpoint write (a loud failure, then --resume), one with a worker stopped
+(hung, found by its heartbeat); each ends with the fault-free run's bits, every round recorded once, no
+half-written file, no process left."""
 
 from __future__ import annotations
 
@@ -63,16 +63,18 @@ def test_the_promise_checker_catches_each_breach(tmp_path):
     assert any("run.json says failed" in p for p in check_ending(running, 3, "abc")[1])
 
 
-def test_plans_come_from_the_seed_and_the_hung_worker_kind_waits_for_its_detection():
+def test_plans_come_from_the_seed_and_a_hung_coordinator_is_off_by_default():
     kinds = [k for k, v in KINDS.items() if v.default and not v.disk]
     a = plan(3, 7, ["federated", "fold_group"], kinds, 3)
     assert a == plan(3, 7, ["federated", "fold_group"], kinds, 3)
     assert a != plan(4, 7, ["federated", "fold_group"], kinds, 3)
-    assert not KINDS["worker_sigstop"].default and "worker_sigstop" not in kinds
+    assert KINDS["worker_sigstop"].default and not KINDS["coordinator_sigstop"].default
     assert all(KINDS[f.kind] for f in a[1])
 
 
-SUBSET = [(1, 1), (5, 2)]  # (seed, schedule): the faults each one plans are printed by the harness
+#: (seed, schedule): a full disk at the first checkpoint (checkpoints every 2 rounds); a worker stopped (hung) in
+#: start-up or round 1, found by the heartbeat
+SUBSET = [(9, 0), (3, 0)]
 
 
 @pytest.mark.slow
@@ -88,6 +90,6 @@ def test_a_seeded_subset_of_chaos_schedules_keeps_the_promise(tmp_path, partitio
     fig = summarize(outcomes)
     report = json.dumps(fig, indent=1) + "\n" + "\n".join(lines)
     assert fig["violations"] == 0 and fig["identical"] == len(SUBSET), report
-    assert fig["faults_injected"] >= 3 and fig["loud_failures_resumed"] >= 2, report
+    assert fig["faults_injected"] >= 2 and fig["loud_failures_resumed"] >= 1, report
     assert fig["leaked_processes"] == 0, report
-    assert "enospc" in {f.kind for o in outcomes for f in o.faults if f.fired}, report  # a write fault: certain
+    assert {"enospc", "worker_sigstop"} <= {f.kind for o in outcomes for f in o.faults if f.fired}, report
