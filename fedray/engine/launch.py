@@ -228,20 +228,36 @@ class EarlyStart:
     def check(self, cfg, meta) -> None:
         """The config's checks that need the registries (:func:`fedray.plugins.check_run`), made by the
         coordinator actor as its first call, so that the driver does not import torch for them. Its
-        ConfigError is raised here as one; the actor's death raises Ray's error."""
+        ConfigError is raised here as one. A coordinator actor that dies first (killed, OOM) is started again with
+        new workers, within ``engine.max_coordinator_restarts``, as one that dies in a round; past that the run
+        stops (:class:`~fedray.engine.dispatch.RunAborted`)."""
         actors = self.result()
         import ray
         from ray import exceptions as rex
 
-        try:
-            ray.get(actors.coord.check.remote(cfg, meta))
-        except rex.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, ConfigError):
-                from fedray.plugins import driver_only_hint
+        limit = int(cfg.engine.max_coordinator_restarts)
+        for attempt in range(limit + 1):
+            try:
+                ray.get(actors.coord.check.remote(cfg, meta))
+                return
+            except rex.RayTaskError as e:
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, ConfigError):
+                    from fedray.plugins import driver_only_hint
 
-                raise ConfigError(f"{cause}{driver_only_hint(cfg)}") from None
-            raise
+                    raise ConfigError(f"{cause}{driver_only_hint(cfg)}") from None
+                raise
+            except rex.RayActorError as e:
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                if attempt == limit:
+                    from fedray.engine.dispatch import RunAborted
+
+                    raise RunAborted(f"the coordinator died while starting, {attempt + 1} time(s) (engine."
+                                     f"max_coordinator_restarts={limit}): {reason}") from e
+                self.log(f"[fedray] coordinator lost while starting ({reason}); starting the run's actors again "
+                         f"({attempt + 1}/{limit})")
+                actors.kill(ray)
+                self.actors = actors = start_actors(self.cfg)
 
     def abort(self) -> None:
         """The run stopped before it used the actors: kill them (they hold CPUs on a shared cluster)."""

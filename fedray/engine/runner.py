@@ -19,7 +19,8 @@ from fedray.config import ExperimentConfig
 from fedray.engine.callbacks import Checkpointer, DriverFaults
 from fedray.reporting.callbacks import OnRound, Progress, TensorBoard, Trackers
 from fedray.engine.faults import FaultInjector
-from fedray.engine.handle import _reason, open_coordinator
+from fedray.engine.dispatch import RunAborted
+from fedray.engine.handle import CoordinatorLost, _reason, open_coordinator
 from fedray.engine.launch import EarlyStart, early_start
 from fedray.engine.rounds import RoundLoop, resume_state
 from fedray.engine.setup import Run, RunResult, fail_run, finish_run, run_status, setup_run
@@ -40,6 +41,25 @@ def _callbacks(run: Run, progress: bool, on_round, trackers: Trackers, log) -> l
     cbs.append(Checkpointer(run.rd, cfg.output.checkpoint_every, cfg.output.keep_checkpoints, cfg.train.rounds,
                             run.state_path, log))  # last: it sees whether a callback above asked to stop
     return cbs
+
+
+def _ready(engine, cfg: ExperimentConfig, log) -> dict:
+    """The coordinator's ``ready``; a coordinator (or one of its client workers) that dies while they start is
+    started again, within ``engine.max_coordinator_restarts``, as one that dies in a round (the run directory holds
+    nothing of it yet); past that the run stops (:class:`~fedray.engine.dispatch.RunAborted`)."""
+    limit = int(cfg.engine.max_coordinator_restarts)
+    try:
+        return engine.ready()
+    except CoordinatorLost as first:
+        err = first
+    while engine.restarts < limit:
+        log(f"[fedray] coordinator lost while starting ({err}); starting it again ({engine.restarts + 1}/{limit})")
+        try:
+            return engine.restart()
+        except CoordinatorLost as again:
+            err = again
+    raise RunAborted(f"the coordinator died while starting, after {engine.restarts} restart(s) "
+                     f"(engine.max_coordinator_restarts={limit}): {err}") from err
 
 
 def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | None = None,
@@ -83,7 +103,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     engine, trackers = None, run.trackers
     try:
         engine = open_coordinator(run)
-        info = engine.ready()
+        info = _ready(engine, cfg, log)
         start_round = resume_state(run, engine, log)
         result.startup_seconds = startup = time.perf_counter() - run.t_start
         result.startup_phases = {"data": data_s, "ray": getattr(early, "ray_seconds", None), "ready": startup}
