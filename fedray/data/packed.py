@@ -35,6 +35,7 @@ import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -43,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from .checksum import buffer_crc32, check_file_blocks
+from .client_index import ClientIndex
 from .table import DataError
 
 __all__ = ["BLOCKS_SCHEMA", "BLOCK_BYTES", "DATA_DIR", "FILE_BYTES", "PackedFiles", "PackedIndex", "write_packed"]
@@ -204,19 +206,22 @@ class _Gatherer:
 
 
 def write_packed(
-    directory: Path, source: pa.Table, parts: list[np.ndarray], *, block_bytes: int = BLOCK_BYTES,
-    file_bytes: int = FILE_BYTES, gather_bytes: int = GATHER_BYTES,
+    directory: Path, source: pa.Table, parts: Sequence[np.ndarray], *, block_bytes: int = BLOCK_BYTES,
+    file_bytes: int = FILE_BYTES, gather_bytes: int = GATHER_BYTES, progress: Callable[[int], None] | None = None,
 ) -> PackedIndex:
     """Write client ``c``'s rows ``source.take(parts[c])`` (plus ``row_id`` = ``parts[c]``) for every client,
     in order, into packed files under ``directory / DATA_DIR`` (which must exist and be empty); see the
-    module docstring for the format. ``source``'s schema metadata is kept in every file."""
-    n = len(parts)
-    sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=n)
+    module docstring for the format. ``source``'s schema metadata is kept in every file. ``parts`` is a
+    :class:`~fedray.data.client_index.ClientIndex` or a list of arrays; ``progress(rows)`` is called after
+    each gathered group with the rows it wrote."""
+    index = ClientIndex.from_parts(parts)
+    n = len(index)
+    sizes = index.sizes
     schema = source.schema.append(pa.field("row_id", pa.int64())).with_metadata(source.schema.metadata)
     row_bytes = max(1.0, source.nbytes / max(1, source.num_rows)) + 8
     first_client, client_block, client_row = plan_blocks(sizes, int(block_bytes // row_bytes))
-    starts = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(sizes, out=starts[1:])
+    del sizes
+    starts = index.offsets
     block_start = starts[first_client]  # first row of every batch, in partition order
     block_end = np.append(block_start[1:], starts[n])
     group_of = block_start // max(1, int(gather_bytes // row_bytes))  # batches gathered together
@@ -230,10 +235,12 @@ def write_packed(
                 continue
             c_lo, c_hi = int(first_client[lo]), int(client_end[hi - 1])
             assert gather is not None
-            group = gather(np.concatenate(parts[c_lo:c_hi]).astype(np.int64, copy=False))
+            group = gather(index.rows_of(c_lo, c_hi))
             base = int(block_start[lo])
             for b in range(lo, hi):
                 sink.add(group.slice(int(block_start[b]) - base, int(block_end[b] - block_start[b])))
+            if progress is not None:
+                progress(group.num_rows)
             del group
         files, blocks = sink.finish()
     except BaseException:

@@ -3,7 +3,8 @@
 Every partitioner is a pure function of ``(labels, num_clients, seed, params)`` (plus the ``domains``
 or ``natural`` column where it needs one): the same inputs give the same output on every machine.
 :func:`partition_indices` is the single entry point; it validates the inputs, fills in defaults and
-returns one **sorted** ``int64`` array of train-row indices per client.
+returns one **sorted** ``int64`` array of train-row indices per client, as a :class:`ClientIndex` (two flat
+arrays, so ten million clients are not ten million Python objects).
 
 Names and parameters follow Flower Datasets where an equivalent exists:
 
@@ -29,7 +30,7 @@ whose sizes do not divide the data) drop the remainder; each one documents which
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,10 +39,12 @@ import numpy as np
 from fedray.core.params import ParamSpec, check_params, check_value
 from fedray.core.registry import Registry, RegistryError, caller_module, first_line, param_table, register_function
 
+from .client_index import ClientIndex, label_stats
+from .draws import sorted_choices
 from .table import DataError
 
-__all__ = ["PARTITIONERS", "ParamSpec", "PartitionerSpec", "partition_indices", "canonical_params", "label_stats",
-           "register_partitioner"]
+__all__ = ["PARTITIONERS", "ClientIndex", "ParamSpec", "PartitionerSpec", "partition_indices", "canonical_params",
+           "label_stats", "register_partitioner"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -52,14 +55,14 @@ __all__ = ["PARTITIONERS", "ParamSpec", "PartitionerSpec", "partition_indices", 
 class PartitionerSpec:
     """A registered partitioner.
 
-    ``fn(labels, num_clients, rng_seed, domains, natural, **params) -> list[np.ndarray]`` receives
-    validated parameters with defaults filled in. ``allows_empty`` says whether the partitioner may
-    return empty clients and accepts more clients than samples; ``needs`` names a per-row column
-    (``"domains"`` or ``"natural"``) the partitioner requires.
+    ``fn(labels, num_clients, rng_seed, domains, natural, **params)`` (a list of per-client row arrays or a
+    :class:`ClientIndex`) receives validated parameters with defaults filled in. ``allows_empty`` says whether
+    the partitioner may return empty clients and accepts more clients than samples; ``needs`` names a per-row
+    column (``"domains"`` or ``"natural"``) the partitioner requires.
     """
 
     name: str
-    fn: Callable[..., list[np.ndarray]]
+    fn: Callable[..., Any]
     doc: str
     params: dict[str, ParamSpec] = field(default_factory=dict)
     allows_empty: bool = False
@@ -98,15 +101,9 @@ def _positive_alpha(pname: str, value: Any, n: int | None = None, *, param: str 
 # shared building blocks
 
 
-def _split_by_owner(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
-    """Turn a per-row owner array (-1 = unassigned) into sorted int64 index arrays, one per client."""
-    owner = np.asarray(owner, dtype=np.int64)
-    assigned = np.flatnonzero(owner >= 0)
-    own = owner[assigned]
-    order = np.argsort(own, kind="stable")  # stable: rows stay ascending within each client
-    rows = assigned[order].astype(np.int64, copy=False)
-    counts = np.bincount(own, minlength=num_clients)
-    return np.split(rows, np.cumsum(counts)[:-1])
+def _split_by_owner(owner: np.ndarray, num_clients: int) -> ClientIndex:
+    """Turn a per-row owner array (-1 = unassigned) into the clients' sorted rows (:meth:`ClientIndex.from_owner`)."""
+    return ClientIndex.from_owner(owner, num_clients)
 
 
 def _cuts_owner(n: int, proportions: np.ndarray) -> np.ndarray:
@@ -275,29 +272,42 @@ def _classes_per_client(labels, num_clients, seed, domains, natural, *, classes,
     if classes > c_count:
         raise _err("classes_per_client", f"classes={classes} exceeds the {c_count} classes present in the data")
     rng = np.random.default_rng(seed)
-    holders: list[list[int]] = [[] for _ in range(c_count)]
-    for i in range(num_clients):
-        if assignment == "deterministic":
-            chosen = [(i + j) % c_count for j in range(classes)]
-        elif assignment == "first-deterministic":
-            first = i % c_count
-            others = np.array([c for c in range(c_count) if c != first])
-            chosen = [first] + sorted(int(c) for c in rng.choice(others, size=classes - 1, replace=False))
-        else:
-            chosen = sorted(int(c) for c in rng.choice(c_count, size=classes, replace=False))
-        for c in chosen:
-            holders[c].append(i)
+    sets = _class_sets(rng, num_clients, c_count, classes, assignment)
     owner = np.full(m, -1, dtype=np.int64)
     for c in range(c_count):
-        if not holders[c]:
+        holders = np.flatnonzero((sets == c).any(axis=1))  # ascending client ids, as the per-client loop appended
+        if not holders.size:
             continue
         rows = rng.permutation(np.flatnonzero(inverse == c))
-        h = len(holders[c])
-        base, rest = divmod(rows.shape[0], h)
-        sizes = np.full(h, base, dtype=np.int64)
+        base, rest = divmod(rows.shape[0], holders.size)
+        sizes = np.full(holders.size, base, dtype=np.int64)
         sizes[:rest] += 1
-        owner[rows] = np.repeat(np.asarray(holders[c], dtype=np.int64), sizes)
+        owner[rows] = np.repeat(holders, sizes)
     return _split_by_owner(owner, num_clients)
+
+
+def _class_sets(rng, n: int, c_count: int, classes: int, assignment: str) -> np.ndarray:
+    """Every client's class set of :func:`_classes_per_client`, an ``(n, classes)`` array (a row in any order).
+
+    The random draws are those of one ``rng.choice`` per client, client 0 first, made at once by
+    :func:`~fedray.data.draws.sorted_choices` (the same draws, the generator left in the same state); numpy
+    takes another algorithm above its population limit, and there the calls are made one by one."""
+    dtype = np.int16 if c_count < (1 << 15) else np.int64
+    if assignment == "deterministic":
+        return ((np.arange(n, dtype=np.int64)[:, None] + np.arange(classes)) % c_count).astype(dtype)
+    if assignment == "first-deterministic":
+        first = np.arange(n, dtype=np.int64) % c_count
+        idx = sorted_choices(rng, c_count - 1, classes - 1, n)
+        if idx is None:
+            every = np.arange(c_count)
+            others = np.array([rng.choice(every[every != f], size=classes - 1, replace=False) for f in first.tolist()])
+        else:
+            others = idx + (idx >= first[:, None])  # the idx-th class other than the client's first
+        return np.concatenate([first[:, None], others.reshape(n, classes - 1)], axis=1).astype(dtype)
+    sets = sorted_choices(rng, c_count, classes, n)
+    if sets is None:
+        sets = np.array([rng.choice(c_count, size=classes, replace=False) for _ in range(n)], dtype=np.int64)
+    return sets.reshape(n, classes).astype(dtype)
 
 
 def _dirichlet_sizes(labels, num_clients, seed, domains, natural, *, alpha, min_partition_size, max_attempts):
@@ -376,15 +386,25 @@ def _natural(labels, num_clients, seed, domains, natural, *, allow_fewer):
     must equal the number of natural ids, or be smaller when ``allow_fewer`` is true (the first N ids
     are used and the other rows are left out). The seed is not used.
     """
+    m = natural.shape[0]
+    if m > 1 and bool(np.all(natural[1:] >= natural[:-1])):  # ids in runs (the synthetic source): no sort
+        starts = np.concatenate([[0], np.flatnonzero(natural[1:] != natural[:-1]) + 1, [m]]).astype(np.int64)
+        n_ids = starts.size - 1
+        _check_natural(num_clients, n_ids, allow_fewer)
+        return ClientIndex(np.arange(starts[num_clients], dtype=np.int64), starts[:num_clients + 1])
     ids, inverse = np.unique(natural, return_inverse=True)
-    if num_clients > ids.shape[0] or (num_clients < ids.shape[0] and not allow_fewer):
-        raise _err(
-            "natural",
-            f"num_clients={num_clients} but the data has {ids.shape[0]} natural clients"
-            + ("" if num_clients > ids.shape[0] else "; set allow_fewer=true to use the first num_clients of them"),
-        )
+    _check_natural(num_clients, ids.shape[0], allow_fewer)
     owner = np.where(inverse < num_clients, inverse, -1)
     return _split_by_owner(owner, num_clients)
+
+
+def _check_natural(num_clients: int, n_ids: int, allow_fewer: bool) -> None:
+    if num_clients > n_ids or (num_clients < n_ids and not allow_fewer):
+        raise _err(
+            "natural",
+            f"num_clients={num_clients} but the data has {n_ids} natural clients"
+            + ("" if num_clients > n_ids else "; set allow_fewer=true to use the first num_clients of them"),
+        )
 
 
 _ATTEMPTS = ParamSpec(100, "redraws allowed to satisfy min_partition_size before failing", int, ge=1)
@@ -527,11 +547,11 @@ def partition_indices(
     domains: np.ndarray | None = None,
     natural: np.ndarray | None = None,
     **params: Any,
-) -> list[np.ndarray]:
+) -> ClientIndex:
     """Split train rows among ``num_clients`` clients with partitioner ``name``.
 
-    Returns ``num_clients`` sorted, disjoint ``int64`` arrays of indices into ``labels`` (the train
-    split). Deterministic given ``(seed, params)``. Raises :class:`DataError` for an unknown
+    Returns a :class:`~fedray.data.client_index.ClientIndex`: a sequence of ``num_clients`` sorted, disjoint
+    ``int64`` arrays of indices into ``labels`` (the train split), held as two flat arrays. Deterministic given ``(seed, params)``. Raises :class:`DataError` for an unknown
     partitioner (listing the known ones), an unknown parameter (naming it), ``num_clients < 1``, more
     clients than samples (except ``dirichlet``, which documents empty clients), invalid parameter
     values (``alpha <= 0`` ...) and a missing ``domains`` / ``natural`` column where one is needed.
@@ -574,20 +594,7 @@ def partition_indices(
     merged = spec.defaults()
     merged.update(params)
     merged = _validate_params(name, merged, num_clients, m)
-    parts = spec.fn(labels, num_clients, seed, domains, natural, **merged)
-    return [np.ascontiguousarray(p, dtype=np.int64) for p in parts]
-
-
-def label_stats(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
-    """Class counts per client: an ``(N, num_classes)`` int64 array, row k = bincount of client k's labels."""
-    labels = np.asarray(labels, dtype=np.int64)
-    n = len(parts)
-    if n == 0:
-        return np.zeros((0, num_classes), dtype=np.int64)
-    sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=n)
-    rows = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]) if sizes.sum() else np.zeros(0, np.int64)
-    lab = labels[rows]
-    if lab.size and (lab.min() < 0 or lab.max() >= num_classes):
-        raise DataError(f"label_stats: labels must lie in [0, {num_classes}), found [{lab.min()}, {lab.max()}]")
-    owner = np.repeat(np.arange(n, dtype=np.int64), sizes)
-    return np.bincount(owner * num_classes + lab, minlength=n * num_classes).reshape(n, num_classes).astype(np.int64)
+    parts = ClientIndex.from_parts(spec.fn(labels, num_clients, seed, domains, natural, **merged))
+    if len(parts) != num_clients:
+        raise _err(name, f"the partitioner returned {len(parts)} clients, not num_clients={num_clients}")
+    return parts

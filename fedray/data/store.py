@@ -1,14 +1,17 @@
 """On-disk partition store: a manifest, an index of blocks and a few large packed Arrow IPC files.
 
-Layout of one partition (``root/<hash>/``, ``hash`` = 16 hex characters; layout 3, "packed")::
+Layout of one partition (``root/<hash>/``, ``hash`` = 16 hex characters; layout 4, "packed")::
 
     _COMPLETE              the hash; written last, its presence marks a finished directory
     meta.json              format and layout versions, hash, spec, DatasetMeta, source fingerprint, counts,
-                           files: [{"name": "data/part-00000.arrows", "bytes": ...}, ...]
+                           files: [{"name": "data/part-00000.arrows", "bytes": ...}, ...],
+                           clients: {"name": "clients.arrow", "bytes": ..., "crc32": ...}
+    clients.arrow          the client index every reader maps: num_samples int64, block int32, block_row int32
+                           [, domain int32] per client (one uncompressed Arrow IPC batch; :mod:`fedray.data.manifest`)
     manifest.parquet       one row per client, by client id: client_id int64, num_samples int64,
                            class_counts list<int64>, domain int32 (majority domain, -1 if none/empty),
                            block int64 (the record batch holding the client's rows, -1 if empty),
-                           block_row int64 (the client's first row in that batch)
+                           block_row int64 (the client's first row in that batch); for people, tools and summaries
     blocks.parquet         one row per block of the packed files: file int32 (index into meta.json files),
                            offset int64, nbytes int64, rows int64, crc32 uint32 (CRC-32 of the block's bytes)
     data/part-NNNNN.arrows the rows of every client, client 0 first, each client's rows in its partitioner's
@@ -34,9 +37,14 @@ Integrity: each block's CRC-32 is computed as it is written. Before reusing a ca
 (:meth:`PartitionStore.verify_blocks`); a missing, truncated or altered file or block is logged in one
 line naming the file, the block and its clients, and the directory is rebuilt from the source, so a
 damaged block is never trained on. Workers check the file's size and the CRC-32 of the block again on
-every read. A directory of an older layout (1 and 2: one Arrow file per client under ``clients/``) is
+every read, and the client index's size and CRC-32 when they map it. A directory of an older layout (1 and 2:
+one Arrow file per client under ``clients/``; 3: packed, with the client index only in ``manifest.parquet``) is
 never read: it is rebuilt once in this layout, with a one-line notice. ``FORMAT_VERSION`` enters the
 hash (stays 1); ``LAYOUT_VERSION`` (meta.json ``layout``, absent = 1) does not.
+
+Memory: the partitioner's result is a :class:`~fedray.data.client_index.ClientIndex` (two flat arrays), the
+manifest is written and read a row group of clients at a time, and readers map ``clients.arrow``: a process
+that opens a partition of ten million clients holds no per-client array of its own.
 """
 
 from __future__ import annotations
@@ -48,38 +56,38 @@ import secrets
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .client_index import ClientIndex, counts_of
+from .manifest import (
+    CLIENTS_FILE,
+    MANIFEST_FILE,
+    MANIFEST_SCHEMA,
+    ClientTable,
+    check_manifest,
+    file_entry,
+    iter_class_counts,
+    write_clients,
+    write_manifest,
+)
 from .packed import BLOCK_BYTES, BLOCKS_SCHEMA, DATA_DIR, FILE_BYTES, BlockRef, PackedFiles, write_packed
-from .partition import label_stats, partition_indices
+from .partition import partition_indices
 from .spec_hash import FORMAT_VERSION, content_fingerprint, partition_hash, resolve_spec
 from .table import META_KEY, DataBundle, DatasetMeta, DataError, Split, images_of
+from fedray.reporting.progress import ProgressBar
 
 __all__ = ["FORMAT_VERSION", "LAYOUT_VERSION", "OldLayoutError", "PartitionStore", "build_partition",
            "content_fingerprint", "partition_hash", "resolve_spec"]
 
-LAYOUT_VERSION = 3  # meta.json "layout"; not hashed. 1, 2: one file per client (2: with CRC-32s); 3: packed
+# meta.json "layout"; not hashed. 1, 2: one file per client (2: with CRC-32s); 3: packed; 4: packed + clients.arrow
+LAYOUT_VERSION = 4
 COMPLETE_MARKER = "_COMPLETE"
 META_FILE = "meta.json"
-MANIFEST_FILE = "manifest.parquet"
 BLOCKS_FILE = "blocks.parquet"
-PARTITION_KEY = b"fedray.partition"
-
-_MANIFEST_SCHEMA = pa.schema(
-    [
-        ("client_id", pa.int64()),
-        ("num_samples", pa.int64()),
-        ("class_counts", pa.list_(pa.int64())),
-        ("domain", pa.int32()),
-        ("block", pa.int64()),
-        ("block_row", pa.int64()),
-    ]
-)
-_INDEX_COLUMNS = ["client_id", "num_samples", "domain", "block", "block_row"]  # what a reader loads
 
 
 class OldLayoutError(DataError):
@@ -107,46 +115,20 @@ def _source_table(split: Split) -> pa.Table:
     return table.select(cols).replace_schema_metadata({META_KEY: split.meta.to_json().encode()})
 
 
-def _majority_domain(domains: np.ndarray | None, parts: list[np.ndarray]) -> np.ndarray:
-    n = len(parts)
-    if domains is None:
-        return np.full(n, -1, dtype=np.int32)
-    dom = np.asarray(domains, dtype=np.int64)
-    d = int(dom.max()) + 1 if dom.size else 1
-    counts = label_stats(dom, parts, d)
-    out = counts.argmax(axis=1).astype(np.int32)
-    out[counts.sum(axis=1) == 0] = -1
-    return out
-
-
-def _build_manifest(sizes: np.ndarray, counts: np.ndarray, domain: np.ndarray, block: np.ndarray,
-                    block_row: np.ndarray, h: str) -> pa.Table:
-    n = len(sizes)
-    c = counts.shape[1]
-    cc_offsets = (np.arange(n + 1, dtype=np.int64) * c).astype(np.int32)
-    arrays = [
-        pa.array(np.arange(n, dtype=np.int64)),
-        pa.array(sizes, type=pa.int64()),
-        pa.ListArray.from_arrays(pa.array(cc_offsets), pa.array(counts.reshape(-1).astype(np.int64))),
-        pa.array(domain, type=pa.int32()),
-        pa.array(block, type=pa.int64()),
-        pa.array(block_row, type=pa.int64()),
-    ]
-    table = pa.Table.from_arrays(arrays, schema=_MANIFEST_SCHEMA)
-    return table.replace_schema_metadata({PARTITION_KEY: h.encode()})
-
-
 def _write_partition(
-    tmp: Path, split: Split, parts: list[np.ndarray], spec: dict, h: str, fingerprint: str,
-    domains: np.ndarray | None, block_bytes: int, file_bytes: int,
+    tmp: Path, split: Split, parts: ClientIndex, spec: dict, h: str, fingerprint: str,
+    domains: np.ndarray | None, block_bytes: int, file_bytes: int, progress: bool,
 ) -> None:
     meta = split.meta
     (tmp / DATA_DIR).mkdir(parents=True)
-    index = write_packed(tmp, _source_table(split), parts, block_bytes=block_bytes, file_bytes=file_bytes)
-    sizes = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-    counts = label_stats(split.labels, parts, meta.num_classes)
-    manifest = _build_manifest(sizes, counts, _majority_domain(domains, parts), index.client_block, index.client_row, h)
-    pq.write_table(manifest, str(tmp / MANIFEST_FILE), compression="zstd")
+    with ProgressBar(parts.num_rows, "rows", f"partition {h}: rows", enabled=progress) as bar:
+        index = write_packed(tmp, _source_table(split), parts, block_bytes=block_bytes, file_bytes=file_bytes,
+                             progress=bar.update)
+    with ProgressBar(len(parts), "clients", f"partition {h}: manifest", enabled=progress) as bar:
+        majority = write_manifest(tmp / MANIFEST_FILE, split.labels, parts, meta.num_classes, domains,
+                                  index.client_block, index.client_row, h, progress=bar.update)
+    clients = write_clients(tmp / CLIENTS_FILE, parts.sizes, index.client_block, index.client_row, majority)
+    del index.client_block, index.client_row, majority
     pq.write_table(index.blocks, str(tmp / BLOCKS_FILE), compression="zstd")
     doc = {
         "format": FORMAT_VERSION,
@@ -157,8 +139,10 @@ def _write_partition(
         "source_fingerprint": fingerprint,
         "num_clients": len(parts),
         "num_rows": int(split.table.num_rows),
-        "assigned_rows": int(sizes.sum()),
+        "assigned_rows": parts.num_rows,
         "files": index.files,
+        "clients": clients,
+        "manifest": file_entry(tmp / MANIFEST_FILE, MANIFEST_FILE),
     }
     (tmp / META_FILE).write_text(json.dumps(doc, indent=1, sort_keys=True))
     (tmp / COMPLETE_MARKER).write_text(h)
@@ -211,7 +195,7 @@ def _reuse(final: Path, log: Callable[[str], None] | None) -> "PartitionStore | 
 
 def build_partition(
     bundle: DataBundle, spec: dict, root: str | Path, *, overwrite: bool = False, log: Callable[[str], None] | None = None,
-    block_bytes: int = BLOCK_BYTES, file_bytes: int = FILE_BYTES,
+    block_bytes: int = BLOCK_BYTES, file_bytes: int = FILE_BYTES, progress: bool = True,
 ) -> "PartitionStore":
     """Partition ``bundle.train`` with ``spec`` and materialise it under ``root/<hash>/``.
 
@@ -224,7 +208,8 @@ def build_partition(
     Bundles without a ``fingerprint`` are fingerprinted by content. ``block_bytes`` and ``file_bytes`` set
     the size of record batches and files (:mod:`fedray.data.packed`; not hashed, a cache written with other
     sizes is reused). Files are not fsync'ed: the rename makes a build atomic against process crashes, not
-    against power loss.
+    against power loss. ``progress``: bars over the rows and clients written when stderr is a terminal
+    (:mod:`fedray.reporting.progress`).
     """
     resolved = resolve_spec(spec)
     params = {k: v for k, v in resolved.items() if k not in ("name", "num_clients", "seed")}
@@ -252,7 +237,7 @@ def build_partition(
         return store  # complete and intact: reuse without rewriting anything
     tmp = root / f".tmp-{h}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        _write_partition(tmp, split, parts, resolved, h, fingerprint, domains, block_bytes, file_bytes)
+        _write_partition(tmp, split, parts, resolved, h, fingerprint, domains, block_bytes, file_bytes, progress)
         _install(tmp, final, overwrite or existed)  # a damaged one is replaced even if it has a marker
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -281,9 +266,10 @@ def _read_meta(path: Path) -> dict:
     if doc["format"] != FORMAT_VERSION:
         raise DataError(f"partition metadata {meta_path}: format {doc['format']!r}, this fedray reads {FORMAT_VERSION}")
     layout = doc.get("layout", 1)
-    if layout in (1, 2):
-        raise OldLayoutError(f"{meta_path} records layout {layout} (one Arrow file per client under clients/, "
-                             f"an older fedray); this fedray reads the packed layout {LAYOUT_VERSION}")
+    if layout in (1, 2, 3):
+        what = "packed, the client index only in manifest.parquet" if layout == 3 else "one Arrow file per client under clients/"
+        raise OldLayoutError(f"{meta_path} records layout {layout} ({what}, an older fedray); this fedray reads the "
+                             f"packed layout {LAYOUT_VERSION} with its mapped client index ({CLIENTS_FILE})")
     if layout != LAYOUT_VERSION:
         raise DataError(f"partition metadata {meta_path}: layout {layout!r}, this fedray reads {LAYOUT_VERSION}")
     if marker.read_text().strip() != doc["hash"]:
@@ -313,50 +299,46 @@ def _read_parquet(path: Path, schema: pa.Schema, columns: list[str] | None = Non
         raise DataError(f"corrupt or unreadable partition file {path}: {e}") from e
 
 
-def _check_clients(man_path: Path, n: int, index: pa.Table, packed: PackedFiles) -> None:
-    """The manifest's client index against the blocks: ids 0..n-1, sizes >= 0, every non-empty client's
-    rows inside its block, clients in order (sorted by client, as written)."""
-    if index.num_rows != n:
-        raise DataError(f"partition manifest {man_path} has {index.num_rows} rows, meta.json says {n} clients")
-    if not np.array_equal(index.column("client_id").to_numpy(), np.arange(n)):
-        raise DataError(f"partition manifest {man_path}: client_id is not 0..{n - 1}")
-    sizes = index.column("num_samples").to_numpy()
-    block = index.column("block").to_numpy()
-    row = index.column("block_row").to_numpy()
+def _check_clients(where: Path, n: int, doc: dict, clients: ClientTable, packed: PackedFiles) -> None:
+    """The client index against the blocks: sizes >= 0 adding up to meta.json's assigned rows and to the rows of
+    the blocks, every non-empty client's rows inside its block, clients in order without overlap (as written)."""
+    sizes, block, row = clients.sizes, clients.block, clients.block_row
     if sizes.size and sizes.min() < 0:
-        raise DataError(f"partition manifest {man_path}: negative num_samples")
+        raise DataError(f"partition client index {where}: negative num_samples")
+    total = int(sizes.sum())
+    if total != int(packed.rows.sum()) or total != int(doc.get("assigned_rows", total)):
+        raise DataError(f"partition client index {where}: {total} rows for the clients, the blocks hold "
+                        f"{int(packed.rows.sum())}, meta.json records {doc.get('assigned_rows')}")
     full = sizes > 0
-    b, r, s = block[full], row[full], sizes[full]
+    b, r, s = block[full].astype(np.int64), row[full].astype(np.int64), sizes[full]
     if np.any(block[~full] != -1) or np.any(b < 0) or np.any(b >= len(packed.rows)) or np.any(r < 0):
-        raise DataError(f"partition manifest {man_path}: a client's block is outside {packed.root / BLOCKS_FILE}")
+        raise DataError(f"partition client index {where}: a client's block is outside {packed.root / BLOCKS_FILE}")
     if np.any(r + s > packed.rows[b]):
-        raise DataError(f"partition manifest {man_path}: a client's rows run past the end of its block")
+        raise DataError(f"partition client index {where}: a client's rows run past the end of its block")
     step = np.diff(b)
     same = step == 0
     if np.any(step < 0) or np.any(r[1:][same] < (r + s)[:-1][same]):
-        raise DataError(f"partition manifest {man_path}: clients are not stored in client order, without overlap")
+        raise DataError(f"partition client index {where}: clients are not stored in client order, without overlap")
 
 
 class PartitionStore:
     """A finished partition directory, opened read-only. Use :meth:`open`."""
 
-    def __init__(self, path: Path, doc: dict, index: pa.Table, packed: PackedFiles):
+    def __init__(self, path: Path, doc: dict, clients: ClientTable, packed: PackedFiles):
         self._path = path
         self._doc = doc
         self._packed = packed
         self._meta = DatasetMeta(**doc["meta"])
-        self._sizes = index.column("num_samples").to_numpy().astype(np.int64)
-        self._block = index.column("block").to_numpy().astype(np.int64)
-        self._row = index.column("block_row").to_numpy().astype(np.int64)
-        self._domains = index.column("domain").to_numpy().astype(np.int32)
+        self._clients = clients  # mapped: read-only views, no per-client memory of this process
+        self._sizes, self._block, self._row = clients.sizes, clients.block, clients.block_row
         self._manifest: pa.Table | None = None
 
     # -- opening / validation ------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, check_reads: bool = True) -> "PartitionStore":
         """Open ``path`` (a ``root/<hash>`` directory) after checking the completion marker, ``meta.json``,
-        ``manifest.parquet`` and ``blocks.parquet`` (schemas, and that the blocks tile every file and every
-        client lies inside its block); with ``verify`` also check every block's CRC-32 and that the rows
+        ``clients.arrow`` (size, CRC-32) and ``blocks.parquet`` (schemas, and that the blocks tile every file and
+        every client lies inside its block); with ``verify`` also check every block's CRC-32 and that the rows
         give the partition its hash (:meth:`verify`). Raises :class:`DataError` naming the offending file,
         :class:`OldLayoutError` for a directory of an older layout (never read: rebuild it).
         ``check_reads=False`` skips the CRC-32 check of each read's block (the file size check stays)."""
@@ -364,34 +346,48 @@ class PartitionStore:
         if not path.is_dir():
             raise DataError(f"partition directory {path} does not exist")
         doc = _read_meta(path)
-        man_path = path / MANIFEST_FILE
-        index = _read_parquet(man_path, _MANIFEST_SCHEMA, _INDEX_COLUMNS)
+        n = int(doc["num_clients"])
+        clients = ClientTable(path, doc.get("clients"), n)
         packed = PackedFiles(path, doc["files"], _read_parquet(path / BLOCKS_FILE, BLOCKS_SCHEMA), check_reads)
         packed.check_index(str(path / BLOCKS_FILE))
-        _check_clients(man_path, int(doc["num_clients"]), index, packed)
-        store = cls(path, doc, index, packed)
+        _check_clients(path / CLIENTS_FILE, n, doc, clients, packed)
+        check_manifest(path, doc, n, contents=False)
+        store = cls(path, doc, clients, packed)
         if verify:
             store.verify()
         return store
 
     def verify_blocks(self, workers: int | None = None) -> None:
-        """Check every packed file's size and every block's CRC-32 against ``blocks.parquet`` (streamed,
-        ``workers`` threads over the files: default 1 below 4 cores). Raises :class:`DataError` naming the
-        first damaged file and block, the clients it holds and how many blocks are damaged."""
+        """Check the manifest's size and CRC-32 against ``meta.json``, then every packed file's size and every
+        block's CRC-32 against ``blocks.parquet`` (streamed, ``workers`` threads over the files: default 1 below
+        4 cores). Raises :class:`DataError` naming the damaged manifest, or the first damaged file and block,
+        the clients it holds and how many blocks are damaged."""
+        check_manifest(self._path, self._doc, self.num_clients, contents=True)
         self._packed.verify(self._describe_block, workers)
 
     def verify(self) -> None:
-        """:meth:`verify_blocks`, then decode every client's rows and check that their row ids give this
-        directory's partition hash and their labels the manifest's class counts."""
+        """:meth:`verify_blocks`, then decode every block and check that the rows' ids give this directory's
+        partition hash and their labels the manifest's class counts (a block at a time; the row ids and labels
+        of all clients, 16 bytes a row, are held at once)."""
         self.verify_blocks()
-        parts = [self.row_ids(cid) for cid in range(self.num_clients)]
-        if partition_hash(self.source_fingerprint, self.spec, parts) != self.hash:
+        n_rows = int(self._sizes.sum())
+        rows = np.empty(n_rows, dtype=np.int64)
+        labels = np.empty(n_rows, dtype=np.int64)
+        at = 0
+        for b in np.flatnonzero(self._packed.rows > 0).tolist():
+            batch = self._packed.batch(b, f"block {b}")
+            rows[at:at + batch.num_rows] = batch.column("row_id").to_numpy()
+            labels[at:at + batch.num_rows] = batch.column("label").to_numpy()
+            at += batch.num_rows
+        index = ClientIndex.from_sizes(rows, self._sizes)
+        if partition_hash(self.source_fingerprint, self.spec, index) != self.hash:
             raise DataError(f"partition {self._path}: the rows in {DATA_DIR}/ do not give the partition hash {self.hash}")
-        counts = self.class_counts()
-        for cid in range(self.num_clients):
-            labels = self.client_arrays(cid)[1]
-            if not np.array_equal(np.bincount(labels, minlength=self._meta.num_classes), counts[cid]):
-                raise DataError(f"partition {self._path}: client {cid}'s labels differ from {MANIFEST_FILE}")
+        at_rows = ClientIndex(np.arange(n_rows, dtype=np.int64), index.offsets)
+        for lo, counts in self.iter_class_counts():
+            hi = lo + counts.shape[0]
+            bad = np.flatnonzero(np.any(counts_of(labels, at_rows, lo, hi, self._meta.num_classes) != counts, axis=1))
+            if bad.size:
+                raise DataError(f"partition {self._path}: client {lo + int(bad[0])}'s labels differ from {MANIFEST_FILE}")
 
     def _describe_block(self, b: int) -> str:
         """What block ``b`` holds, for error messages."""
@@ -418,8 +414,8 @@ class PartitionStore:
 
     @property
     def sizes(self) -> np.ndarray:
-        """Samples per client (int64, length ``num_clients``)."""
-        return self._sizes.copy()
+        """Samples per client (int64, length ``num_clients``): a read-only view of the mapped client index."""
+        return self._sizes
 
     @property
     def meta(self) -> DatasetMeta:
@@ -443,13 +439,15 @@ class PartitionStore:
     def manifest(self) -> pa.Table:
         """The whole ``manifest.parquet`` (read on first use; :meth:`open` reads only the client index)."""
         if self._manifest is None:
-            self._manifest = _read_parquet(self._path / MANIFEST_FILE, _MANIFEST_SCHEMA)
+            self._manifest = _read_parquet(self._path / MANIFEST_FILE, MANIFEST_SCHEMA)
         return self._manifest
 
     @property
     def domains(self) -> np.ndarray:
-        """Majority domain of every client (int32; -1 for single-domain data or an empty client)."""
-        return self._domains.copy()
+        """Majority domain of every client (int32; -1 for single-domain data or an empty client): a read-only
+        view of the mapped client index (a new array of -1 for single-domain data)."""
+        dom = self._clients.domain
+        return np.full(self.num_clients, -1, dtype=np.int32) if dom is None else dom
 
     def __repr__(self) -> str:
         return f"PartitionStore({str(self._path)!r}, {self.spec['name']}, {self.num_clients} clients)"
@@ -496,7 +494,25 @@ class PartitionStore:
         return images, labels
 
     def class_counts(self) -> np.ndarray:
-        """Per-client class counts, an ``(num_clients, num_classes)`` int64 array."""
-        col = _read_parquet(self._path / MANIFEST_FILE, _MANIFEST_SCHEMA, ["class_counts"]).column(0).combine_chunks()
-        flat = col.flatten().to_numpy() if len(col) else np.zeros(0, np.int64)
-        return flat.astype(np.int64).reshape(self.num_clients, self._meta.num_classes)
+        """Per-client class counts, an ``(num_clients, num_classes)`` int64 array (all clients at once: 8 bytes a
+        client and class; :meth:`iter_class_counts` gives them a row group at a time)."""
+        out = np.zeros((self.num_clients, self._meta.num_classes), dtype=np.int64)
+        at = 0
+        for lo, counts in self.iter_class_counts():
+            out[lo:lo + counts.shape[0]] = counts
+            at = lo + counts.shape[0]
+        if at != self.num_clients:
+            raise DataError(f"partition manifest {self._path / MANIFEST_FILE}: {at} clients, meta.json says {self.num_clients}")
+        return out
+
+    def iter_class_counts(self) -> "Iterator[tuple[int, np.ndarray]]":
+        """``(first client, counts)`` a manifest row group (about a million clients) at a time, counts an
+        ``(n, num_classes)`` int64 array, after checking the manifest's schema."""
+        path = self._path / MANIFEST_FILE
+        try:
+            got = pq.read_schema(str(path))
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"corrupt or unreadable partition file {path}: {e}") from e
+        if not got.remove_metadata().equals(MANIFEST_SCHEMA):
+            raise DataError(f"partition file {path} has schema {got}, expected {MANIFEST_SCHEMA}")
+        return iter_class_counts(path, self._meta.num_classes)

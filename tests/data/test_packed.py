@@ -60,7 +60,7 @@ def test_plan_blocks_keeps_clients_whole_and_in_order():
 def test_index_records_the_crc32_of_every_block(tmp_path, bundle):
     st = build_partition(bundle, {"name": "dirichlet", "num_clients": 20, "seed": 0}, tmp_path, **SMALL)
     doc = json.loads((st.path / "meta.json").read_text())
-    assert doc["layout"] == store_mod.LAYOUT_VERSION == 3
+    assert doc["layout"] == store_mod.LAYOUT_VERSION == 4
     assert [f["name"] for f in doc["files"]] == [f"data/part-{i:05d}.arrows" for i in range(len(st.files))]
     assert [f["bytes"] for f in doc["files"]] == [p.stat().st_size for p in st.files]
     blocks = pq.read_table(st.path / "blocks.parquet").to_pylist()
@@ -210,12 +210,34 @@ def test_cache_in_the_per_client_file_layout_is_rebuilt_once_with_a_notice(tmp_p
     st2 = build_partition(bundle, spec, tmp_path, log=lines.append)
     assert len(lines) == 1 and f"partition cache in an older layout, rebuilding {st.path} once in the packed layout" in lines[0]
     assert st2.path == st.path and st2.hash == st.hash
-    assert sorted(p.name for p in st.path.iterdir()) == ["_COMPLETE", "blocks.parquet", "data", "manifest.parquet", "meta.json"]
+    assert sorted(p.name for p in st.path.iterdir()) == ["_COMPLETE", "blocks.parquet", "clients.arrow", "data", "manifest.parquet", "meta.json"]
     assert all(np.array_equal(st2.row_ids(c), want[c]) for c in range(12))
     PartitionStore.open(st.path, verify=True)
     lines.clear()
     build_partition(bundle, spec, tmp_path, log=lines.append)
     assert lines == [] and _no_tmp(tmp_path)
+
+
+def test_cache_of_packed_layout_3_is_rebuilt_once_with_a_notice(tmp_path, bundle):
+    """Layout 3 kept the client index only in manifest.parquet: never read, rebuilt with clients.arrow."""
+    spec = {"name": "dirichlet", "num_clients": 12, "seed": 0}
+    st = build_partition(bundle, spec, tmp_path)
+    want = [st.row_ids(c).copy() for c in range(12)]
+    (st.path / "clients.arrow").unlink()
+    doc = json.loads((st.path / "meta.json").read_text())
+    doc["layout"] = 3
+    del doc["clients"], doc["manifest"]
+    (st.path / "meta.json").write_text(json.dumps(doc))
+    with pytest.raises(OldLayoutError, match=r"layout 3 \(packed, the client index only in manifest.parquet"):
+        PartitionStore.open(st.path)
+    lines: list[str] = []
+    st2 = build_partition(bundle, spec, tmp_path, log=lines.append)
+    assert len(lines) == 1 and "partition cache in an older layout" in lines[0]
+    assert st2.hash == st.hash and (st.path / "clients.arrow").is_file()
+    assert all(np.array_equal(st2.row_ids(c), want[c]) for c in range(12))
+    lines.clear()
+    build_partition(bundle, spec, tmp_path, log=lines.append)
+    assert lines == []
 
 
 _BOUNDED = textwrap.dedent("""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,7 @@ def test_round_trip_lossless(tmp_path, bundle, spec, sizes):
         assert np.array_equal(st.domains, [0, 0, 1, 1, 2, 2])
     PartitionStore.open(st.path, verify=True)
     assert _no_tmp(tmp_path)
-    assert sorted(p.name for p in st.path.iterdir()) == ["_COMPLETE", "blocks.parquet", "data", "manifest.parquet", "meta.json"]
+    assert sorted(p.name for p in st.path.iterdir()) == ["_COMPLETE", "blocks.parquet", "clients.arrow", "data", "manifest.parquet", "meta.json"]
     assert len(st.files) == 1 if not sizes else len(st.files) >= 2
 
 
@@ -196,23 +197,41 @@ def test_corrupt_packed_file_names_file(tmp_path, bundle):
 def test_corrupt_manifest_or_meta_names_file(tmp_path, bundle):
     st = build_partition(bundle, {"name": "iid", "num_clients": 4, "seed": 0}, tmp_path)
     man = st.path / "manifest.parquet"
-    man.write_bytes(man.read_bytes()[:100])
+    good_man = man.read_bytes()
+    man.write_bytes(good_man[:100])
     with pytest.raises(DataError, match="manifest.parquet"):
         PartitionStore.open(st.path)
     # a corrupt directory under the right hash is rebuilt, not reused
     st2 = build_partition(bundle, {"name": "iid", "num_clients": 4, "seed": 0}, tmp_path)
     assert st2.path == st.path and pq.read_table(man).num_rows == 4
+    good_man = man.read_bytes()
+    man.write_bytes(good_man[:-60] + bytes(255 - b for b in good_man[-60:-40]) + good_man[-40:])
+    with pytest.raises(DataError, match="damaged partition manifest .*manifest.parquet: CRC-32"):
+        PartitionStore.open(st.path).verify_blocks()  # what a reuse checks: every byte of the manifest
+    man.write_bytes(good_man)
     blocks = st.path / "blocks.parquet"
     good = blocks.read_bytes()
     blocks.write_bytes(good[:-40])
     with pytest.raises(DataError, match="blocks.parquet"):
         PartitionStore.open(st.path)
-    table = pq.read_table(man)  # an index that puts client 3's rows past the end of its batch
-    rows = table.column("block_row").to_numpy().copy()
-    rows[3] = 1
     blocks.write_bytes(good)
-    pq.write_table(table.set_column(5, "block_row", pa.array(rows)), str(man))
-    with pytest.raises(DataError, match="manifest.parquet: a client's rows run past the end of its block"):
+    clients = st.path / "clients.arrow"
+    good_clients = clients.read_bytes()
+    clients.write_bytes(good_clients[:-8] + bytes(8))
+    with pytest.raises(DataError, match="corrupt partition client index .*clients.arrow"):
+        PartitionStore.open(st.path)
+    # an index (with a matching checksum) that puts client 3's rows past the end of its batch
+    batch = pa.ipc.open_file(pa.py_buffer(good_clients)).get_batch(0)
+    rows = batch.column("block_row").to_numpy().copy()
+    rows[3] = 1
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch.set_column(2, "block_row", pa.array(rows)))
+    clients.write_bytes(sink.getvalue().to_pybytes())
+    doc = json.loads((st.path / "meta.json").read_text())
+    doc["clients"].update(bytes=clients.stat().st_size, crc32=zlib.crc32(clients.read_bytes()))
+    (st.path / "meta.json").write_text(json.dumps(doc))
+    with pytest.raises(DataError, match="clients.arrow: a client's rows run past the end of its block"):
         PartitionStore.open(st.path)
     (st.path / "meta.json").write_text("{not json")
     with pytest.raises(DataError, match="meta.json"):
