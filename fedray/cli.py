@@ -212,29 +212,21 @@ def _cmd_partition(args) -> int:
     if args.output_dir:
         cfg.data.cache_dir = args.output_dir
     check_driver(cfg)  # the data source and partitioner exist (a plugin's are imported)
-    from fedray.data.stats import client_rows, format_client_rows
-    from fedray.core.io import atomic_write_text
+    from fedray.data.stats import client_rows, format_client_rows, plot_client_summary, write_client_table
 
     bundle, store = prepare_data(cfg, print)
     print(format_summary(partition_summary(store)))
-    rows = client_rows(store)
     print()
-    print(format_client_rows(rows, None if args.clients < 0 else args.clients))
-    import csv
-    import io
-
-    table = store.path / "clients.csv"
-    buf = io.StringIO()
-    cols = list(dict.fromkeys(k for r in rows for k in r)) or ["client"]  # "domain" only on clients that have one
-    writer = csv.DictWriter(buf, fieldnames=cols, restval="", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(table, buf.getvalue())
+    rows = client_rows(store, None if args.clients < 0 else args.clients)
+    print(format_client_rows(rows, None, total=store.num_clients))
+    table = write_client_table(store, store.path / "clients.csv")
+    summary_png = plot_client_summary(store, store.path / "client_summary.png")
     png = store.path / "label_distribution.png"
     plot_label_distribution(store, png)
     print(f"partition {store.hash}: {store.num_clients} clients -> {store.path}")
     print(f"per-client table: {table}")
     print(f"label distribution plot: {png}")
+    print(f"client sizes and classes held (every client): {summary_png}")
     if args.plot:
         heat = plot_label_distribution(store, store.path / "label_heatmap.png", kind="heatmap")
         print(f"label distribution heat map: {heat}")
@@ -435,10 +427,12 @@ def _add_experiment_commands(sub) -> None:
     sh.add_argument("run_dir", metavar="RUN_DIR")
     sh.set_defaults(func=_cmd_show)
 
-    pa = sub.add_parser("partition", help="partition a dataset into per-client shards and print statistics",
-                        description="Load the config's data source, run its partitioner and write the manifest "
-                                    "(Parquet) and one Arrow IPC shard per client, plus a label-distribution "
-                                    "plot. Reuses an identical existing partition.")
+    pa = sub.add_parser("partition", help="partition a dataset into packed client files and print statistics",
+                        description="Load the config's data source, run its partitioner and write the packed "
+                                    "partition (a client index, a manifest and a few large Arrow IPC files), "
+                                    "clients.csv (every client), a label-distribution plot of the first clients "
+                                    "and client_summary.png (sizes and classes held over every client). Reuses "
+                                    "an identical existing partition.")
     pa.add_argument("config")
     pa.add_argument("overrides", nargs="*")
     pa.add_argument("--output-dir", help="partition cache directory (data.cache_dir)")

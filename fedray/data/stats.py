@@ -1,11 +1,15 @@
-"""Label-distribution statistics of a partition: a summary dict, a text table, and a plot.
+"""Label-distribution statistics of a partition: a summary dict, a text table, the per-client CSV and plots.
 
 All functions accept either a :class:`~fedray.data.store.PartitionStore` or an ``(N, C)`` array of
-per-client class counts (as returned by :func:`fedray.data.partition.label_stats`).
+per-client class counts (as returned by :func:`fedray.data.partition.label_stats`). A store's class counts are
+read a manifest row group (about a million clients) at a time, so summaries, ``clients.csv`` and the plots of
+a ten-million-client partition never hold every client's counts at once; the plots draw the first clients and
+summaries over all of them (``client_summary.png``), never ten million rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +19,18 @@ from fedray.core.io import atomic_writer
 
 from .table import DataError
 
-__all__ = ["partition_summary", "format_summary", "plot_label_distribution", "class_entropy"]
+__all__ = ["partition_summary", "format_summary", "plot_label_distribution", "plot_client_summary", "class_entropy",
+           "client_rows", "format_client_rows", "write_client_table"]
 
 
-def _counts_of(store_or_counts: Any) -> tuple[np.ndarray, dict[str, Any]]:
-    """``(counts, info)`` from a PartitionStore or an (N, C) counts array."""
-    if hasattr(store_or_counts, "class_counts") and hasattr(store_or_counts, "spec"):
+def _is_store(obj: Any) -> bool:
+    return hasattr(obj, "iter_class_counts") and hasattr(obj, "spec")
+
+
+def _chunks_of(store_or_counts: Any) -> tuple[Iterator[tuple[int, np.ndarray]], int, int, dict[str, Any]]:
+    """``(chunks, num_clients, num_classes, info)``: ``chunks`` yields ``(first client, counts)`` of a store's
+    manifest row group by row group, or the one chunk of an (N, C) counts array."""
+    if _is_store(store_or_counts):
         store = store_or_counts
         spec = store.spec
         info = {
@@ -31,11 +41,23 @@ def _counts_of(store_or_counts: Any) -> tuple[np.ndarray, dict[str, Any]]:
             "params": {k: v for k, v in spec.items() if k not in ("name", "num_clients", "seed")},
             "seed": spec.get("seed"),
         }
-        return store.class_counts(), info
+        return store.iter_class_counts(), store.num_clients, store.meta.num_classes, info
     counts = np.asarray(store_or_counts)
     if counts.ndim != 2 or (counts.size and not np.issubdtype(counts.dtype, np.integer)) or (counts.size and counts.min() < 0):
         raise DataError(f"expected a PartitionStore or an (N, C) array of non-negative integer counts, got shape {counts.shape}")
-    return counts.astype(np.int64), {}
+    return iter([(0, counts.astype(np.int64))]), counts.shape[0], counts.shape[1], {}
+
+
+def _counts_of(store_or_counts: Any, first: int | None = None) -> tuple[np.ndarray, int, dict[str, Any]]:
+    """``(counts of the first ``first`` clients (all with None), num_clients, info)``."""
+    chunks, n, c, info = _chunks_of(store_or_counts)
+    want = n if first is None else min(n, first)
+    out = np.zeros((want, c), dtype=np.int64)
+    for lo, counts in chunks:
+        if lo >= want:
+            break
+        out[lo:lo + counts.shape[0]] = counts[: want - lo]
+    return out, n, info
 
 
 def class_entropy(counts: np.ndarray) -> np.ndarray:
@@ -52,12 +74,19 @@ def class_entropy(counts: np.ndarray) -> np.ndarray:
 def partition_summary(store_or_counts: Any) -> dict[str, Any]:
     """Summary of a partition: client count, total samples, size min/median/mean/max/std, empty
     clients, mean per-client class entropy (nats, over non-empty clients; also normalised by log C),
-    mean number of classes per client, and the partition's name/hash/params when given a store."""
-    counts, info = _counts_of(store_or_counts)
-    n, c = counts.shape
-    sizes = counts.sum(axis=1)
-    nonempty = sizes > 0
-    ent = class_entropy(counts)[nonempty] if n else np.zeros(0)
+    mean number of classes per client, and the partition's name/hash/params when given a store
+    (streamed over the clients' class counts)."""
+    chunks, n, c, info = _chunks_of(store_or_counts)
+    sizes = np.zeros(n, dtype=np.int64)
+    ent_sum, ent_n, held = 0.0, 0, 0
+    for lo, counts in chunks:
+        sz = counts.sum(axis=1)
+        sizes[lo:lo + sz.size] = sz
+        full = counts[sz > 0]
+        ent = class_entropy(full)
+        ent_sum, ent_n, held = ent_sum + float(ent.sum()), ent_n + ent.size, held + int((full > 0).sum())
+    nonempty = int((sizes > 0).sum())
+    ent_mean = ent_sum / ent_n if ent_n else 0.0
     summary: dict[str, Any] = dict(info)
     summary.update(
         {
@@ -69,10 +98,10 @@ def partition_summary(store_or_counts: Any) -> dict[str, Any]:
             "size_mean": float(sizes.mean()) if n else 0.0,
             "size_max": int(sizes.max()) if n else 0,
             "size_std": float(sizes.std()) if n else 0.0,
-            "empty_clients": int((~nonempty).sum()),
-            "mean_class_entropy": float(ent.mean()) if ent.size else 0.0,
-            "mean_class_entropy_normalized": float(ent.mean() / np.log(c)) if ent.size and c > 1 else 0.0,
-            "mean_classes_per_client": float((counts[nonempty] > 0).sum(axis=1).mean()) if nonempty.any() else 0.0,
+            "empty_clients": int(n - nonempty),
+            "mean_class_entropy": ent_mean,
+            "mean_class_entropy_normalized": ent_mean / float(np.log(c)) if ent_n and c > 1 else 0.0,
+            "mean_classes_per_client": held / nonempty if nonempty else 0.0,
         }
     )
     return summary
@@ -107,35 +136,70 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def client_rows(store_or_counts: Any) -> list[dict[str, Any]]:
-    """One row per client: id, samples, classes held, class entropy (nats), the three largest classes with
-    their counts and (for a store of domain data) the client's majority domain."""
-    counts, info = _counts_of(store_or_counts)
+def _row_fields(counts: np.ndarray, lo: int, classes: list[str]) -> Iterator[tuple[int, int, int, float, str]]:
+    """``(client, samples, classes held, entropy, largest classes)`` of the clients of ``counts`` (client ``lo``
+    first): the largest three classes by count (ties: the lower class first) as ``name:count``."""
+    top = np.argsort(-counts, axis=1, kind="stable")[:, :3]
+    top_n = np.take_along_axis(counts, top, axis=1)
+    fields = zip(counts.sum(axis=1).tolist(), (counts > 0).sum(axis=1).tolist(), class_entropy(counts).tolist(),
+                 top.tolist(), top_n.tolist())
+    for k, (samples, held, ent, row_top, row_n) in enumerate(fields):
+        yield lo + k, samples, held, ent, " ".join(f"{classes[t]}:{v}" for t, v in zip(row_top, row_n) if v > 0)
+
+
+def _csv_field(text: str) -> str:
+    """``text`` as a CSV field (quoted when it holds a comma, a quote or a line break, as :mod:`csv` does)."""
+    return '"' + text.replace('"', '""') + '"' if any(ch in text for ch in ',"\r\n') else text
+
+
+def client_rows(store_or_counts: Any, limit: int | None = None) -> list[dict[str, Any]]:
+    """One row per client (the first ``limit`` clients; all with None): id, samples, classes held, class entropy
+    (nats), the three largest classes with their counts and (for a store of domain data) the client's majority
+    domain. ``clients.csv`` holds every client (:func:`write_client_table`)."""
+    counts, _, info = _counts_of(store_or_counts, limit)
     classes = info.get("classes") or [str(i) for i in range(counts.shape[1])]
-    ent = class_entropy(counts)
-    domains = getattr(store_or_counts, "domains", None) if info else None
+    domains = store_or_counts.domains if _is_store(store_or_counts) else None
     rows = []
-    for cid, row in enumerate(counts):
-        top = [int(c) for c in np.argsort(-row, kind="stable")[:3] if row[c] > 0]
-        out = {"client": cid, "samples": int(row.sum()), "classes": int((row > 0).sum()),
-               "entropy": float(ent[cid]), "top_classes": " ".join(f"{classes[c]}:{int(row[c])}" for c in top)}
+    for cid, samples, held, ent, top in _row_fields(counts, 0, classes):
+        out = {"client": cid, "samples": samples, "classes": held, "entropy": ent, "top_classes": top}
         if domains is not None and int(domains[cid]) >= 0:
             out["domain"] = int(domains[cid])
         rows.append(out)
     return rows
 
 
-def format_client_rows(rows: list[dict[str, Any]], limit: int | None = 20) -> str:
-    """The first ``limit`` rows of :func:`client_rows` as a text table (all rows with ``limit=None``)."""
+def write_client_table(store_or_counts: Any, path: str | Path) -> Path:
+    """Write ``clients.csv`` (the columns of :func:`client_rows`, every client, ``domain`` only when some client
+    has one) streamed a chunk of clients at a time, atomically."""
+    chunks, n, c, info = _chunks_of(store_or_counts)
+    classes = info.get("classes") or [str(i) for i in range(c)]
+    domains = store_or_counts.domains if _is_store(store_or_counts) else None
+    has_domain = domains is not None and n > 0 and bool(np.any(domains >= 0))
+    path = Path(path)
+    with atomic_writer(path, suffix=".tmp.csv") as fh:
+        fh.write(("client,samples,classes,entropy,top_classes" + (",domain" if has_domain else "") + "\n").encode())
+        for lo, counts in chunks:
+            dom = domains[lo:lo + counts.shape[0]].tolist() if has_domain and domains is not None else None
+            lines = [f"{cid},{samples},{held},{ent!r},{_csv_field(top)}"
+                     + ("" if dom is None else f",{dom[cid - lo]}" if dom[cid - lo] >= 0 else ",")
+                     for cid, samples, held, ent, top in _row_fields(counts, lo, classes)]
+            fh.write(("\n".join(lines) + "\n").encode() if lines else b"")
+    return path
+
+
+def format_client_rows(rows: list[dict[str, Any]], limit: int | None = 20, total: int | None = None) -> str:
+    """The first ``limit`` rows of :func:`client_rows` as a text table (all rows with ``limit=None``); ``total``:
+    how many clients there are (default ``len(rows)``), for the closing ``... N more clients``."""
     shown = rows if limit is None else rows[:limit]
+    total = len(rows) if total is None else total
     has_domain = any("domain" in r for r in rows)
     head = f"{'client':>7} {'samples':>8} {'classes':>7} {'entropy':>7}  " + ("domain  " if has_domain else "") + "largest classes"
     lines = [head]
     for r in shown:
         dom = f"{r.get('domain', '-')!s:>6}  " if has_domain else ""
         lines.append(f"{r['client']:>7} {r['samples']:>8} {r['classes']:>7} {r['entropy']:>7.3f}  {dom}{r['top_classes']}")
-    if len(shown) < len(rows):
-        lines.append(f"... {len(rows) - len(shown):,} more clients")
+    if len(shown) < total:
+        lines.append(f"... {total - len(shown):,} more clients")
     return "\n".join(lines)
 
 
@@ -157,10 +221,8 @@ def plot_label_distribution(store_or_counts: Any, path_png: str | Path, max_clie
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    counts, info = _counts_of(store_or_counts)
-    n, c = counts.shape
-    shown = counts[:max_clients]
-    k = shown.shape[0]
+    shown, n, info = _counts_of(store_or_counts, max_clients)
+    k, c = shown.shape
     path = Path(path_png)
     if path.suffix.lower() != ".png":
         raise DataError(f"plot_label_distribution: path must end in .png, got {path}")
@@ -199,6 +261,42 @@ def plot_label_distribution(store_or_counts: Any, path_png: str | Path, max_clie
     if k < n:
         title += f" - first {k} of {n} clients"
     ax.set_title(title, fontsize="medium")
+    fig.tight_layout()
+    with atomic_writer(path, suffix=".tmp.png") as fh:
+        fig.savefig(fh, format="png")
+    return path
+
+
+def plot_client_summary(store_or_counts: Any, path_png: str | Path) -> Path:
+    """Two histograms over every client (streamed): client sizes (log-spaced bins when sizes span more than 100)
+    and classes held per client; written atomically to ``path_png``, which is returned."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    chunks, n, c, info = _chunks_of(store_or_counts)
+    sizes = np.zeros(n, dtype=np.int64)
+    held = np.zeros(c + 1, dtype=np.int64)
+    for lo, counts in chunks:
+        sizes[lo:lo + counts.shape[0]] = counts.sum(axis=1)
+        held += np.bincount((counts > 0).sum(axis=1), minlength=c + 1)
+    path = Path(path_png)
+    if path.suffix.lower() != ".png":
+        raise DataError(f"plot_client_summary: path must end in .png, got {path}")
+    top = int(sizes.max()) if n else 0
+    edges = np.unique(np.geomspace(1, top + 1, 60).astype(np.int64)) if top > 100 else np.arange(0, top + 2)
+    hist, edges = np.histogram(sizes, bins=edges)
+    fig = Figure(figsize=(10, 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.stairs(hist, edges, fill=True)
+    ax1.set(xlabel="samples per client", ylabel="clients", yscale="log" if hist.max(initial=0) > 100 else "linear")
+    if top > 100:
+        ax1.set_xscale("log")
+    ax2.bar(np.arange(c + 1), held, width=0.85)
+    ax2.set(xlabel="classes held", ylabel="clients", yscale="log" if held.max(initial=0) > 100 else "linear")
+    name = f"{info.get('dataset', '')} {info['name']}".strip() if info.get("name") else "partition"
+    fig.suptitle(f"{name}: {n:,} clients, {int(sizes.sum()):,} samples, {int((sizes == 0).sum()):,} empty",
+                 fontsize="medium")
     fig.tight_layout()
     with atomic_writer(path, suffix=".tmp.png") as fh:
         fig.savefig(fh, format="png")
