@@ -331,6 +331,11 @@ def run_schedule(ctx: Context, index: int) -> Outcome:
         stray = [p.name for p in (scratch / "tmp").iterdir()] if (scratch / "tmp").is_dir() else []
         if stray:
             out.problems.append(f"left in the run's TMPDIR: {stray}")
+        building = [p.name for p in ctx.cache.glob(".tmp-*")] if ctx.cache.is_dir() else []
+        if building:  # a partition build a killed driver left half-done (never used: an install is a rename)
+            out.problems.append(f"left in the partition cache: {building}")
+            for p in ctx.cache.glob(".tmp-*"):
+                shutil.rmtree(p, ignore_errors=True)
         if ctx.keep:
             shutil.copytree(scratch, root / "scratch", dirs_exist_ok=True, ignore=shutil.ignore_patterns("sockets"))
         if disk is not None:

@@ -28,7 +28,7 @@ from typing import Callable
 import psutil
 
 WORKER = re.compile(r"^ray::\w*ClientWorker\b")
-COORDINATOR = re.compile(r"^ray::CoordinatorHost\b")
+COORDINATOR = re.compile(r"^ray::\w*CoordinatorHost\b")
 
 #: the writes a full disk or a signal may strike (``FEDRAY_FAULT_WRITE`` globs), with how many of each a driver
 #: process makes at most in a run of R rounds (``R``: one a round; numbers: that many)

@@ -72,6 +72,16 @@ def test_plans_come_from_the_seed_and_a_hung_coordinator_is_off_by_default():
     assert all(KINDS[f.kind] for f in a[1])
 
 
+@pytest.mark.parametrize("title, worker, coordinator", [
+    ("ray::ClientWorker.run_clients", True, False), ("ray::RayClientWorker.__init__", True, False),
+    ("ray::CoordinatorHost.run_round", False, True), ("ray::RayCoordinatorHost.ping", False, True),
+    ("ray::IDLE", False, False), ("python -m fedray run x.yaml", False, False)])
+def test_the_ray_processes_of_a_run_are_told_apart_by_their_titles(title, worker, coordinator):
+    from bench.chaos_faults import COORDINATOR, WORKER
+
+    assert bool(WORKER.match(title)) == worker and bool(COORDINATOR.match(title)) == coordinator
+
+
 #: (seed, schedule): a full disk at the first checkpoint (checkpoints every 2 rounds); a worker stopped (hung) in
 #: start-up or round 1, found by the heartbeat
 SUBSET = [(9, 0), (3, 0)]
