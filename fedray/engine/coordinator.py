@@ -67,7 +67,7 @@ class Coordinator:
         self.program = program_for(self.algorithm)(
             cfg=cfg, algorithm=self.algorithm, server_opt=self.server_opt, pool=self.pool, sizes=rp.sizes,
             num_params=int(rp.flat.layout.size), model=rp.model, meta=rp.meta,
-            class_counts=rp.store.class_counts(), device=rp.device,
+            class_counts=rp.store.class_counts, device=rp.device,  # read by the split program only, when needed
             faults=FaultInjector(cfg.engine.fault_injection, run_dir))
         self.evaluation = ShardedEvaluation(self.pool, cfg, test_data, rp.meta, test_ref=test_ref)
 

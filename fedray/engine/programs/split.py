@@ -67,8 +67,15 @@ class SplitProgram:
         self.plan = SplitPlan.build(algorithm, model, meta)  # the workers' runtime builds the same plan
         self.point, self.layout = self.plan.point, self.plan.layout
         self.server = SplitServer(model, self.layout, algorithm, cfg.train, int(cfg.seed), device)
-        self.class_counts = class_counts
+        self._class_counts = class_counts  # an (N, C) array, or a callable giving it (read at first use)
         self.num_classes = self.plan.num_classes
+
+    @property
+    def class_counts(self) -> np.ndarray:
+        """Every client's class counts (the manifest's), read when a round first needs them."""
+        if callable(self._class_counts):
+            self._class_counts = np.asarray(self._class_counts())
+        return self._class_counts
 
     def init_aux(self) -> np.ndarray:
         """The auxiliary head's initial weights, drawn from a generator keyed by the seed."""
