@@ -300,10 +300,13 @@ def _loud(a: Attempt) -> str | None:
 
 # ------------------------------------------------------------------------------------------- one schedule
 def plan(seed: int, index: int, variants: list[str], kinds: list[str], max_faults: int) -> tuple[str, list[Fault], int]:
+    """Schedule ``index`` of ``seed``: (program variant, faults, output.checkpoint_every)."""
     rng = random.Random(f"chaos:{seed}:{index}")
     variant = rng.choice(variants)
-    faults = [KINDS[rng.choice(kinds)].plan(rng, ROUNDS) for _ in range(rng.randint(1, max_faults))]
-    return variant, faults, rng.choice([1, 1, 2])
+    every = rng.choice([1, 1, 2])
+    checkpoints = len({min(r, ROUNDS) for r in range(every, ROUNDS + every, every)})
+    faults = [KINDS[rng.choice(kinds)].plan(rng, ROUNDS, checkpoints) for _ in range(rng.randint(1, max_faults))]
+    return variant, faults, every
 
 
 def run_schedule(ctx: Context, index: int) -> Outcome:

@@ -31,8 +31,8 @@ WORKER = re.compile(r"^ray::\w*ClientWorker\b")
 COORDINATOR = re.compile(r"^ray::\w*CoordinatorHost\b")
 
 #: the writes a full disk or a signal may strike (``FEDRAY_FAULT_WRITE`` globs), with how many of each a driver
-#: process makes at most in a run of R rounds (``R``: one a round; numbers: that many)
-WRITES = {"metrics.jsonl": "R", "round-*.parquet": "R", "ckpt-*.npz": "R", "latest": "R", "run.json": 2,
+#: process makes at most in a run (``R``: one a round; ``C``: one a checkpoint; numbers: that many)
+WRITES = {"metrics.jsonl": "R", "round-*.parquet": "R", "ckpt-*.npz": "C", "latest": "C", "run.json": 2,
           "config.yaml": 1, "summary.json": 1, "final_weights.npy": 1}
 
 
@@ -70,7 +70,7 @@ class Target:
 @dataclass(frozen=True)
 class Kind:
     name: str
-    plan: Callable[[random.Random, int], Fault]  # (rng, rounds) -> a fault
+    plan: Callable[[random.Random, int, int], Fault]  # (rng, rounds, checkpoints) -> a fault
     fire: Callable[[Fault, Target], bool] | None  # moment kinds: inject now; False when there is nothing to act on
     ray: bool = False  # needs Ray processes (engine.backend ray)
     disk: bool = False  # needs the run directory on a tmpfs of the harness's own
@@ -79,17 +79,17 @@ class Kind:
 
 
 # ------------------------------------------------------------------------------------------- planning
-def _moment(kind: str) -> Callable[[random.Random, int], Fault]:
-    def plan(rng: random.Random, rounds: int) -> Fault:
+def _moment(kind: str) -> Callable[[random.Random, int, int], Fault]:
+    def plan(rng: random.Random, rounds: int, checkpoints: int) -> Fault:
         return Fault(kind, attempt=0 if rng.random() < 0.8 else 1, after_rows=rng.randrange(rounds),
                      delay_s=round(rng.uniform(0.0, 1.5), 3), pick=rng.randrange(1 << 30))
     return plan
 
 
-def _write(kind: str, globs: list[str], action: str) -> Callable[[random.Random, int], Fault]:
-    def plan(rng: random.Random, rounds: int) -> Fault:
+def _write(kind: str, globs: list[str], action: str) -> Callable[[random.Random, int, int], Fault]:
+    def plan(rng: random.Random, rounds: int, checkpoints: int) -> Fault:
         glob = rng.choice(globs)
-        most = rounds if WRITES[glob] == "R" else int(WRITES[glob])
+        most = {"R": rounds, "C": checkpoints}.get(str(WRITES[glob])) or int(WRITES[glob])
         return Fault(kind, attempt=0 if rng.random() < 0.8 else 1,
                      write=f"{glob}@{rng.randint(1, max(1, most))}={action}")
     return plan
