@@ -466,9 +466,10 @@ def _validate_engine(e: EngineConfig) -> None:
     if e.coordinator_placement not in ("driver", "any"):
         raise ConfigError(f"engine.coordinator_placement: must be 'driver' or 'any', got {e.coordinator_placement!r}")
     _positive("engine.max_coordinator_restarts", e.max_coordinator_restarts, allow_zero=True)
-    if (e.fault_injection or {}).get("kind") == "coordinator_exit" and e.backend != "ray":
-        raise ConfigError("engine.fault_injection: kind coordinator_exit needs engine.backend: ray (with local, the "
-                          "coordinator is the driver process)")
+    kind = (e.fault_injection or {}).get("kind")
+    if kind in ("coordinator_exit", "coordinator_stop") and e.backend != "ray":
+        raise ConfigError(f"engine.fault_injection: kind {kind} needs engine.backend: ray (with local, the "
+                          f"coordinator is the driver process)")
     if e.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")
 

@@ -11,7 +11,8 @@ so a test that never ends it cannot hang the run.
 itself (SIGSTOP: hung, not dead; ``engine.heartbeat_s`` finds it).
 ``{kind: driver_exit, round: R}``: the driver process exits hard once, before round R.
 ``{kind: coordinator_exit, round: R}``: the coordinator process exits hard once, in the middle of round R
-(when the scheduler takes the round's first finished task, i.e. after the round's tasks were dispatched).
+(when the scheduler takes the round's first finished task, i.e. after the round's tasks were dispatched);
+``{kind: coordinator_stop, round: R}``: at the same moment it stops itself instead (SIGSTOP: hung, not dead).
 Counter files under ``<run dir>/faults/`` (created with O_EXCL) make the count exact across worker
 replacements, retries and concurrent workers.
 """
@@ -82,8 +83,11 @@ class FaultInjector:
 
     def coordinator(self, rnd: int) -> None:
         """Called by the coordinator's task scheduler for each finished task of round ``rnd``: a hard crash of
-        the coordinator process, once (a restarted coordinator runs the round again without it)."""
+        the coordinator process, once (a restarted coordinator runs the round again without it), or its hang."""
         self._exit_once("coordinator_exit", f"coordinator-r{rnd}", rnd)
+        f = self.spec
+        if f.get("kind") == "coordinator_stop" and int(f.get("round", -1)) == rnd and self._first(f"stop-coordinator-r{rnd}"):
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def _exit_once(self, kind: str, name: str, rnd: int) -> None:
         f = self.spec

@@ -20,7 +20,7 @@ import numpy as np
 
 from fedray.engine.launch import Actors, CoordinatorHost, kill_actors, start_actors
 from fedray.engine.outcomes import InStore
-from fedray.engine.pool import default_num_workers
+from fedray.engine.pool import WORKER_START_TIMEOUT_S, default_num_workers
 from fedray.engine.spec import CoordinatorSpec
 
 if TYPE_CHECKING:
@@ -105,6 +105,7 @@ class RayCoordinator:
         arguments, starting them first unless ``actors`` were started early."""
         actors = actors or start_actors(self.run.cfg)
         self.worker_actors, self.coord = actors.workers, actors.coord
+        self._answered = False  # a heartbeat answered: the actor is up (its start-up is not a hang)
         spec = coordinator_spec(self.run, self.test, actors.num_workers, actors.worker_cpus, actors.worker_gpus,
                                 self.worker_actors)
         self._setups = [self.coord.setup.remote(spec),
@@ -139,15 +140,39 @@ class RayCoordinator:
         return self.ready()
 
     def _get(self, ref):
-        """``ray.get`` of a coordinator call; the actor's death raises :class:`CoordinatorLost`."""
+        """``ray.get`` of a coordinator call; the actor's death raises :class:`CoordinatorLost`, and so does its
+        hanging (:meth:`_await`)."""
         from ray import exceptions as rex
 
         try:
+            self._await(ref)
             return self.ray.get(ref)
         except rex.RayTaskError:  # an error raised inside the coordinator (it is alive): not a lost coordinator
             raise
         except rex.RayActorError as e:  # ActorDiedError, ActorUnavailableError
             raise CoordinatorLost(_reason(e)) from e
+
+    def _await(self, ref) -> None:
+        """Wait for ``ref`` while the coordinator answers its heartbeat (``ping``, on a thread of its own); one left
+        unanswered for ``engine.heartbeat_s`` means a hung coordinator (stopped, deadlocked): it is killed and
+        :class:`CoordinatorLost` raised, so the loop restarts it from the last checkpoint. Until the new actor
+        answers its first heartbeat it is starting (its process, torch's import): that silence may last as long
+        as a worker's start-up may (``WORKER_START_TIMEOUT_S``)."""
+        timeout = self.run.cfg.engine.heartbeat_s
+        if timeout is None:
+            return
+        interval = max(0.05, min(1.0, timeout / 4))
+        ping, sent = None, 0.0
+        while not self.ray.wait([ref], timeout=interval)[0]:
+            now = time.monotonic()
+            if ping is not None and self.ray.wait([ping], timeout=0)[0]:
+                ping, self._answered = None, True
+            if ping is None:
+                ping, sent = self.coord.ping.remote(), now
+            elif now - sent >= (timeout if self._answered else max(timeout, WORKER_START_TIMEOUT_S)):
+                kill_actors(self.ray, [self.coord])
+                raise CoordinatorLost(f"the coordinator hung: its heartbeat went unanswered for {timeout:g} s "
+                                      f"(engine.heartbeat_s); killed")
 
     def run_round(self, rnd: int) -> RoundReport:
         self.in_flight.update(round=rnd, ref=self.coord.run_round.remote(rnd), t0=time.perf_counter())

@@ -91,6 +91,19 @@ class CoordinatorHost:
         self.coord.shutdown()
 
 
+@functools.cache
+def _ray_coordinator_class(ray):
+    """:class:`CoordinatorHost` as a Ray actor class with ``ping`` in a concurrency group of its own (one thread):
+    the driver's heartbeat (:meth:`fedray.engine.handle.RayCoordinator._get`), answered in the middle of a round."""
+
+    class RayCoordinatorHost(CoordinatorHost):
+        @ray.method(concurrency_group="heartbeat")
+        def ping(self) -> bool:
+            return True
+
+    return ray.remote(concurrency_groups={"heartbeat": 1})(RayCoordinatorHost)
+
+
 def coordinator_options(cfg, ray) -> dict:
     """Ray options of the coordinator actor: its CPUs and, with ``engine.coordinator_placement: driver``, a
     hard affinity to the driver's node (a 0-CPU actor would otherwise land on any node, and its node's death
@@ -142,7 +155,7 @@ def start_actors(cfg) -> Actors:
 
     n, wcpu, wgpu = default_num_workers(cfg, int(cfg.train.clients_per_round))
     workers = RayPool.start(None, n, wcpu, wgpu)  # the client workers start while the coordinator host does
-    coord = ray.remote(CoordinatorHost).options(**coordinator_options(cfg, ray)).remote()
+    coord = _ray_coordinator_class(ray).options(**coordinator_options(cfg, ray)).remote()
     return Actors(workers, coord, n, wcpu, wgpu)
 
 

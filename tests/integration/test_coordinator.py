@@ -53,6 +53,21 @@ def test_coordinator_exit_mid_round_restarts_from_checkpoint(tmp_path, partition
 
 
 @pytest.mark.ray
+def test_a_hung_coordinator_is_found_by_its_heartbeat_and_restarted_from_checkpoint(tmp_path, partition_cache,
+                                                                                    ray_session, clean_hash):
+    """The coordinator stops itself (SIGSTOP) in the middle of round 3: alive but silent. The driver's heartbeat
+    goes unanswered for engine.heartbeat_s, the actor is killed and a new one goes on from the last checkpoint:
+    the uninterrupted run's weights, every round once."""
+    logs = []
+    cfg = small_config(tmp_path, partition_cache, **BASE, output__checkpoint_every=2, engine__heartbeat_s=1.0,
+                       engine__fault_injection={"kind": "coordinator_stop", "round": 3})
+    res = run_experiment(from_dict(cfg), progress=False, log=logs.append)
+    assert res.weights_hash == clean_hash
+    _check_complete(res, restarts=1)
+    assert any("coordinator hung" in line and "engine.heartbeat_s" in line for line in logs), logs
+
+
+@pytest.mark.ray
 def test_coordinator_sigkilled_between_rounds_restarts(tmp_path, partition_cache, ray_session, clean_hash, engines):
     """A real SIGKILL of the coordinator's process after round 2: the driver's next call to it (the round-2
     checkpoint's or round 3's) finds it dead; a new one goes on from the last checkpoint."""
