@@ -121,7 +121,7 @@ def make_table(images: np.ndarray, labels: np.ndarray, meta: DatasetMeta, domain
     values = pa.array(flat.reshape(-1), type=_storage_type(meta))
     cols = {
         "image": pa.FixedSizeListArray.from_arrays(values, meta.sample_size),
-        "label": pa.array(labels.astype(np.int64)),
+        "label": pa.array(np.asarray(labels, dtype=np.int64)),  # no copy of int64 labels
     }
     if domains is not None:
         domains = np.asarray(domains, dtype=np.int32)

@@ -160,6 +160,17 @@ def test_synthetic_clients_determinism_and_heterogeneity():
         load_source("synthetic", num_clients=100, max_total_samples=1000)
 
 
+def test_synthetic_max_test_samples_keeps_the_first_test_rows_and_every_other_fingerprint():
+    kw = dict(num_clients=3000, samples_per_client_mean=12, min_samples=3, dimension=8, seed=1)  # two chunks of 2048
+    whole = load_source("synthetic", **kw)
+    assert whole.fingerprint == "synthetic:v1:c878fa5e4f407769"  # pinned: the parameter is named only when set
+    cut = load_source("synthetic", max_test_samples=100, **kw)
+    assert cut.fingerprint != whole.fingerprint and cut.info["params"]["max_test_samples"] == 100
+    assert cut.test.table.equals(whole.test.table.slice(0, 100).combine_chunks())
+    assert cut.train.table.equals(whole.train.table)
+    assert load_source("synthetic", max_test_samples=10**9, **kw).test.table.equals(whole.test.table)
+
+
 def test_digits_domains_distinct_and_deterministic():
     b = load_source("digits-domains")
     assert b.meta.domains == ("mnist", "mnistm", "svhn-like", "digits", "inverted")

@@ -147,6 +147,8 @@ for _spec in [
                    "train_fraction": _P(0.75, "share of each client's samples in train (the rest is test)", float,
                                         ge=0.0, le=1.0),
                    "max_total_samples": _P(5_000_000, "refuse to generate more samples than this", int, ge=1),
+                   "max_test_samples": _P(None, "keep only the first this many test samples (client order; default: "
+                                          "all)", int, ge=1, nullable=True),
                }),
     SourceSpec("digits-domains", _digits_domains, "offline Digit-5-like domains (mnist, mnistm, svhn-like, digits, "
                "inverted; + rotated), 3x28x28 RGB, 'domain' column", {

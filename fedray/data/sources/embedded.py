@@ -9,6 +9,7 @@ import numpy as np
 
 from ..formats import cached_arrays, digest, resize_bilinear, stratified_split
 from ..table import DataBundle, DataError
+from fedray.reporting.progress import ProgressBar
 from .common import (
     SPLIT_SEED,
     TEST_FRACTION,
@@ -142,7 +143,8 @@ def _synthetic_client_models(xs, ys, sz, loc, gens, b_dev, u, d: int, c: int) ->
 
 
 def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_classes, samples_per_client_mean,
-               size_sigma, min_samples, max_samples_per_client, train_fraction, max_total_samples) -> DataBundle:
+               size_sigma, min_samples, max_samples_per_client, train_fraction, max_total_samples,
+               max_test_samples=None) -> DataBundle:
     """FedProx Synthetic(alpha, beta) (Li et al. 2020, §5.1), for any number of clients.
 
     Client k: u_k ~ N(0, alpha^2), B_k ~ N(0, beta^2) (alpha, beta are standard deviations, as
@@ -153,12 +155,14 @@ def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_clas
     size_sigma)) + min_samples with mu = 4 (FedProx: lognormal(4, 2) + 50) or, given
     ``samples_per_client_mean`` m, mu = log(m - min_samples) - size_sigma^2 / 2 so sizes average
     about m; optionally capped at ``max_samples_per_client``. Each client's first
-    max(1, floor(train_fraction * n_k)) rows are train, the rest test.
+    max(1, floor(train_fraction * n_k)) rows are train, the rest test; ``max_test_samples`` keeps only the
+    first that many test rows (client order: a population of millions needs no test split of millions).
 
     Random streams (numpy ``default_rng`` keyed by lists): sizes ``[seed, 0, 0]``, u ``[seed, 0, 1]``,
     B ``[seed, 0, 2]``, the IID W, b ``[seed, 0, 3]``; for clients [2048 j, 2048 (j + 1)) the noise of x,
     v, W and b come from ``[seed, 1..4, j]``, each consumed client by client. So a client's data do not
-    depend on how many clients follow it, and generation is vectorised per chunk.
+    depend on how many clients follow it, and generation is vectorised per chunk. Memory: the generated
+    arrays and one int per client (the sizes); everything else is per chunk.
     """
     src = "synthetic"
     k, d, c, sigma, min_n = num_clients, dimension, num_classes, size_sigma, min_samples
@@ -166,51 +170,92 @@ def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_clas
     resolved = dict(num_clients=k, alpha=alpha, beta=beta, iid=iid, seed=seed, dimension=d, num_classes=c,
                     samples_per_client_mean=mean_n, size_sigma=sigma, min_samples=min_n,
                     max_samples_per_client=cap, train_fraction=frac)
+    if max_test_samples is not None:  # named only when set: every earlier data set keeps its fingerprint
+        resolved["max_test_samples"] = max_test_samples
     sizes = _synthetic_sizes(src, k, seed, mean_n, sigma, min_n, cap, max_total)
-    total = int(sizes.sum())
-    u = np.random.default_rng([seed, 0, 1]).normal(0.0, alpha, k)
-    b_dev = np.random.default_rng([seed, 0, 2]).normal(0.0, beta, k)
-    if iid:
-        g_iid = np.random.default_rng([seed, 0, 3])
-        w_glob = g_iid.standard_normal((d, c)).astype(np.float32).astype(np.float64)
-        b_glob = g_iid.standard_normal(c).astype(np.float32).astype(np.float64)
-    scale = (np.arange(1, d + 1, dtype=np.float64) ** -0.6).astype(np.float32)  # sqrt(j^-1.2)
-
-    # client k's first n_train[k] rows are train, the rest test; both splits stay in client order
-    n_train = np.maximum(1, np.floor(frac * sizes).astype(np.int64))  # sizes >= min_samples >= 1
-    n_test = sizes - n_train
-    starts = np.concatenate(([0], np.cumsum(sizes)))
-    tr_at = np.concatenate(([0], np.cumsum(n_train)))
-    te_at = np.concatenate(([0], np.cumsum(n_test)))
-    x_tr = np.empty((int(tr_at[-1]), d), dtype=np.float32)
-    x_te = np.empty((int(te_at[-1]), d), dtype=np.float32)
-    y_tr = np.empty(x_tr.shape[0], dtype=np.int64)
-    y_te = np.empty(x_te.shape[0], dtype=np.int64)
     bounds = list(range(0, k, _SYN_CHUNK_CLIENTS)) + [k]
-    rows_max = max(int(starts[c1] - starts[c0]) for c0, c1 in zip(bounds[:-1], bounds[1:]))
-    x_buf = np.empty((rows_max, d), dtype=np.float32)
-    y_buf = np.empty(rows_max, dtype=np.int64)
-    for chunk, (c0, c1) in enumerate(zip(bounds[:-1], bounds[1:])):
-        g_x, g_v, g_w, g_b = (np.random.default_rng([seed, p, chunk]) for p in (1, 2, 3, 4))
-        nc, n_rows = c1 - c0, int(starts[c1] - starts[c0])
-        xs, ys = x_buf[:n_rows], y_buf[:n_rows]
-        g_x.standard_normal(dtype=np.float32, out=xs)
-        xs *= scale
-        sz, loc = sizes[c0:c1], starts[c0:c1] - starts[c0]
-        if not iid:
-            _synthetic_client_models(xs, ys, sz, loc, (g_v, g_w, g_b), b_dev[c0:c1], u[c0:c1], d, c)
-        else:
-            ys[:] = np.argmax(xs.astype(np.float64) @ w_glob + b_glob, axis=1)
-        own = np.repeat(np.arange(nc), sz)
-        is_train = np.arange(n_rows) - loc[own] < n_train[c0:c1][own]
-        x_tr[tr_at[c0]:tr_at[c1]] = xs[is_train]
-        y_tr[tr_at[c0]:tr_at[c1]] = ys[is_train]
-        x_te[te_at[c0]:te_at[c1]] = xs[~is_train]
-        y_te[te_at[c0]:te_at[c1]] = ys[~is_train]
-    clients = np.arange(k, dtype=np.int32)
+    n_train = [_train_rows(sizes[c0:c1], frac) for c0, c1 in zip(bounds[:-1], bounds[1:])]
+    tr_rows = sum(int(t.sum()) for t in n_train)
+    te_rows = int(sizes.sum()) - tr_rows
+    te_keep = te_rows if max_test_samples is None else min(te_rows, int(max_test_samples))
+    out = _SyntheticArrays(tr_rows, te_keep, d)
+    gens = _SyntheticStreams(seed, alpha, beta, iid, d, c)
+    with ProgressBar(k, "clients", "synthetic", enabled=k >= 100_000) as bar:
+        for chunk, (c0, c1) in enumerate(zip(bounds[:-1], bounds[1:])):
+            xs, ys = gens.chunk(chunk, sizes[c0:c1])
+            out.add(c0, xs, ys, sizes[c0:c1], n_train[chunk])
+            bar.update(c1 - c0)
     return _bundle(
-        src, x_tr, y_tr, x_te, y_te, [str(i) for i in range(c)], _fingerprint(src, "v1", resolved),
-        extra={"client": (np.repeat(clients, n_train), np.repeat(clients, n_test))},
+        src, out.x_tr, out.y_tr, out.x_te, out.y_te, [str(i) for i in range(c)], _fingerprint(src, "v1", resolved),
+        extra={"client": (out.c_tr, out.c_te)},
         info={"source": src, "params": resolved, "client_sizes_min": int(sizes.min()),
-              "client_sizes_max": int(sizes.max()), "samples": total},
+              "client_sizes_max": int(sizes.max()), "samples": tr_rows + te_rows},
     )
+
+
+def _train_rows(sz: np.ndarray, frac: float) -> np.ndarray:
+    """The train rows of clients of sizes ``sz``: max(1, floor(frac * n)) (sizes >= min_samples >= 1)."""
+    return np.maximum(1, np.floor(frac * sz).astype(np.int64))
+
+
+class _SyntheticStreams:
+    """The generators of :func:`_synthetic` and one chunk of clients' rows at a time (u and B are drawn chunk by
+    chunk from their streams: the same values as one draw of all clients)."""
+
+    def __init__(self, seed: int, alpha: float, beta: float, iid: bool, d: int, c: int):
+        self.seed, self.alpha, self.beta, self.iid, self.d, self.c = seed, alpha, beta, iid, d, c
+        self.g_u = np.random.default_rng([seed, 0, 1])
+        self.g_b = np.random.default_rng([seed, 0, 2])
+        if iid:
+            g_iid = np.random.default_rng([seed, 0, 3])
+            self.w_glob = g_iid.standard_normal((d, c)).astype(np.float32).astype(np.float64)
+            self.b_glob = g_iid.standard_normal(c).astype(np.float32).astype(np.float64)
+        self.scale = (np.arange(1, d + 1, dtype=np.float64) ** -0.6).astype(np.float32)  # sqrt(j^-1.2)
+
+    def chunk(self, chunk: int, sz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of chunk ``chunk``'s clients of sizes ``sz``, client after client."""
+        u = self.g_u.normal(0.0, self.alpha, sz.size)
+        b_dev = self.g_b.normal(0.0, self.beta, sz.size)
+        g_x, g_v, g_w, g_b = (np.random.default_rng([self.seed, p, chunk]) for p in (1, 2, 3, 4))
+        n_rows = int(sz.sum())
+        xs = np.empty((n_rows, self.d), dtype=np.float32)
+        ys = np.empty(n_rows, dtype=np.int64)
+        g_x.standard_normal(dtype=np.float32, out=xs)
+        xs *= self.scale
+        loc = np.concatenate([[0], np.cumsum(sz)[:-1]]).astype(np.int64)
+        if not self.iid:
+            _synthetic_client_models(xs, ys, sz, loc, (g_v, g_w, g_b), b_dev, u, self.d, self.c)
+        else:
+            ys[:] = np.argmax(xs.astype(np.float64) @ self.w_glob + self.b_glob, axis=1)
+        return xs, ys
+
+
+class _SyntheticArrays:
+    """The train and test arrays of :func:`_synthetic`, filled chunk by chunk: each client's first train rows go
+    to train, the rest to test (the first ``te_keep`` test rows are kept), both in client order."""
+
+    def __init__(self, tr_rows: int, te_keep: int, d: int):
+        self.x_tr = np.empty((tr_rows, d), dtype=np.float32)
+        self.y_tr = np.empty(tr_rows, dtype=np.int64)
+        self.c_tr = np.empty(tr_rows, dtype=np.int32)
+        self.x_te = np.empty((te_keep, d), dtype=np.float32)
+        self.y_te = np.empty(te_keep, dtype=np.int64)
+        self.c_te = np.empty(te_keep, dtype=np.int32)
+        self.tr = self.te = 0
+
+    def add(self, c0: int, xs: np.ndarray, ys: np.ndarray, sz: np.ndarray, n_train: np.ndarray) -> None:
+        loc = np.concatenate([[0], np.cumsum(sz)[:-1]]).astype(np.int64)
+        own = np.repeat(np.arange(sz.size), sz)
+        is_train = np.arange(xs.shape[0]) - loc[own] < n_train[own]
+        m = int(n_train.sum())
+        self.x_tr[self.tr:self.tr + m] = xs[is_train]
+        self.y_tr[self.tr:self.tr + m] = ys[is_train]
+        self.c_tr[self.tr:self.tr + m] = (c0 + own[is_train]).astype(np.int32)
+        self.tr += m
+        take = min(self.x_te.shape[0] - self.te, xs.shape[0] - m)
+        if take > 0:
+            test = np.flatnonzero(~is_train)[:take]
+            self.x_te[self.te:self.te + take] = xs[test]
+            self.y_te[self.te:self.te + take] = ys[test]
+            self.c_te[self.te:self.te + take] = (c0 + own[test]).astype(np.int32)
+            self.te += take
