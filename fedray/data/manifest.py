@@ -32,7 +32,7 @@ __all__ = ["CLIENTS_FILE", "CLIENTS_PER_GROUP", "MANIFEST_FILE", "MANIFEST_SCHEM
 
 MANIFEST_FILE = "manifest.parquet"
 CLIENTS_FILE = "clients.arrow"
-CLIENTS_PER_GROUP = 1 << 20  # clients per Parquet row group of the manifest (and per pass while writing it)
+CLIENTS_PER_GROUP = 1 << 18  # clients per Parquet row group of the manifest (and per pass writing or reading it)
 PARTITION_KEY = b"fedray.partition"
 
 MANIFEST_SCHEMA = pa.schema(
@@ -98,11 +98,10 @@ def write_manifest(path: Path, labels: np.ndarray, index: ClientIndex, num_class
 def write_clients(path: Path, sizes: np.ndarray, client_block: np.ndarray, client_row: np.ndarray,
                   domain: np.ndarray | None) -> dict:
     """Write ``clients.arrow`` (module docstring); returns its ``meta.json`` entry: name, bytes, CRC-32."""
-    if client_block.size and (int(client_block.max()) >= 1 << 31 or int(client_row.max()) >= 1 << 31):
-        raise DataError("partition index: a block number or a row within a block does not fit 31 bits")
     fields = list(_CLIENT_FIELDS) + ([("domain", pa.int32())] if domain is not None else [])
-    arrays = [pa.array(np.asarray(sizes, dtype=np.int64)), pa.array(client_block.astype(np.int32)),
-              pa.array(client_row.astype(np.int32))] + ([pa.array(domain.astype(np.int32))] if domain is not None else [])
+    arrays = [pa.array(np.asarray(sizes, dtype=np.int64)), pa.array(np.asarray(client_block, dtype=np.int32)),
+              pa.array(np.asarray(client_row, dtype=np.int32))]
+    arrays += [pa.array(np.asarray(domain, dtype=np.int32))] if domain is not None else []
     batch = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
         writer.write_batch(batch)

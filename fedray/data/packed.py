@@ -78,8 +78,8 @@ def file_name(index: int) -> str:
 @dataclass
 class PackedIndex:
     """Where :func:`write_packed` put every client: ``files`` (``{"name", "bytes"}`` per file), ``blocks``
-    (a table of :data:`BLOCKS_SCHEMA`), and per client ``client_block`` (the global block index of its
-    record batch, -1 for an empty client) and ``client_row`` (its first row in that batch)."""
+    (a table of :data:`BLOCKS_SCHEMA`), and per client ``client_block`` (int32, the global block index of its
+    record batch, -1 for an empty client) and ``client_row`` (int32, its first row in that batch)."""
 
     files: list[dict]
     blocks: pa.Table
@@ -87,28 +87,49 @@ class PackedIndex:
     client_row: np.ndarray
 
 
-def plan_blocks(sizes: np.ndarray, rows_per_block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def plan_blocks(sizes: np.ndarray, rows_per_block: int, starts: np.ndarray | None = None,
+                clients_per_pass: int = 1 << 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cut consecutive non-empty clients into record batches of about ``rows_per_block`` rows.
 
     A client starts a new batch when its first row falls in another window of ``rows_per_block`` rows
     than the previous non-empty client's, so a batch has at most ``rows_per_block`` rows plus one client
-    and a client is never split. Returns the first client of every batch, the batch of every client
-    (-1 when empty) and each client's first row within its batch."""
+    and a client is never split. Returns the first client of every batch (int64), the batch of every client
+    (int32, -1 when empty) and each client's first row within its batch (int32). ``starts``: each client's
+    first row in the partition (``offsets[:-1]`` of its client index), computed from ``sizes`` when not given.
+    Computed ``clients_per_pass`` clients at a time: besides the results (8 bytes a client), a pass's arrays."""
     sizes = np.asarray(sizes, dtype=np.int64)
-    starts = np.zeros(len(sizes), dtype=np.int64)
-    if len(sizes) > 1:
-        np.cumsum(sizes[:-1], out=starts[1:])
-    nonempty = np.flatnonzero(sizes > 0)
-    window = starts[nonempty] // max(1, int(rows_per_block))
-    new = np.ones(len(nonempty), dtype=bool)
-    new[1:] = window[1:] != window[:-1]
-    batch_of = np.cumsum(new) - 1
-    first_client = nonempty[new]
-    client_block = np.full(len(sizes), -1, dtype=np.int64)
-    client_block[nonempty] = batch_of
-    client_row = np.zeros(len(sizes), dtype=np.int64)
-    client_row[nonempty] = starts[nonempty] - starts[first_client][batch_of]
-    return first_client, client_block, client_row
+    n = len(sizes)
+    if starts is None:
+        starts = np.zeros(n, dtype=np.int64)
+        if n > 1:
+            np.cumsum(sizes[:-1], out=starts[1:])
+    rpb = max(1, int(rows_per_block))
+    client_block = np.full(n, -1, dtype=np.int32)
+    client_row = np.zeros(n, dtype=np.int32)
+    firsts: list[np.ndarray] = []
+    window, batches, batch_start = -1, 0, 0  # the last non-empty client's window, batches so far, its batch's row
+    for lo in range(0, n, max(1, int(clients_per_pass))):
+        hi = min(n, lo + max(1, int(clients_per_pass)))
+        nonempty = lo + np.flatnonzero(sizes[lo:hi] > 0)
+        if not nonempty.size:
+            continue
+        ne_starts = starts[nonempty]
+        win = ne_starts // rpb
+        new = np.empty(win.size, dtype=bool)
+        new[0] = win[0] != window
+        np.not_equal(win[1:], win[:-1], out=new[1:])
+        batch_of = np.cumsum(new) + (batches - 1)
+        if batch_of.size and int(batch_of[-1]) >= 1 << 31:
+            raise DataError(f"packed writer: {int(batch_of[-1]) + 1} record batches do not fit an int32 block number")
+        first = nonempty[new]
+        firsts.append(first)
+        # each client's batch's first row: of this pass's new batches, or (no new batch yet) the carried one
+        first_rows = np.concatenate([[batch_start], starts[first]])
+        client_block[nonempty] = batch_of
+        client_row[nonempty] = ne_starts - first_rows[batch_of - (batches - 1)]
+        window, batches, batch_start = int(win[-1]), int(batch_of[-1]) + 1, int(first_rows[-1])
+    first_client = np.concatenate(firsts) if firsts else np.zeros(0, dtype=np.int64)
+    return first_client.astype(np.int64, copy=False), client_block, client_row
 
 
 def _write_all(fd: int, data) -> None:
@@ -216,12 +237,13 @@ def write_packed(
     each gathered group with the rows it wrote."""
     index = ClientIndex.from_parts(parts)
     n = len(index)
-    sizes = index.sizes
+    starts = index.offsets
     schema = source.schema.append(pa.field("row_id", pa.int64())).with_metadata(source.schema.metadata)
     row_bytes = max(1.0, source.nbytes / max(1, source.num_rows)) + 8
-    first_client, client_block, client_row = plan_blocks(sizes, int(block_bytes // row_bytes))
-    del sizes
-    starts = index.offsets
+    rows_per_block = int(block_bytes // row_bytes)
+    if max(1, rows_per_block) >= 1 << 30:
+        raise DataError(f"packed writer: block_bytes={block_bytes} makes batches too long for int32 row numbers")
+    first_client, client_block, client_row = plan_blocks(index.sizes, rows_per_block, starts[:-1])
     block_start = starts[first_client]  # first row of every batch, in partition order
     block_end = np.append(block_start[1:], starts[n])
     group_of = block_start // max(1, int(gather_bytes // row_bytes))  # batches gathered together
@@ -252,8 +274,11 @@ def write_packed(
     batch_index = np.flatnonzero(rows > 0)
     if len(batch_index) != len(first_client):
         raise DataError(f"packed writer: {len(batch_index)} record batches written, {len(first_client)} planned")
-    global_block = np.where(client_block >= 0, batch_index[np.maximum(client_block, 0)], -1) if len(batch_index) else client_block
-    return PackedIndex(files=files, blocks=blocks, client_block=global_block, client_row=client_row)
+    if len(batch_index) and int(batch_index[-1]) >= 1 << 31:
+        raise DataError(f"packed writer: {len(rows)} blocks do not fit an int32 block number")
+    placed = client_block >= 0
+    client_block[placed] = batch_index[client_block[placed]]  # in place: int32, -1 for an empty client
+    return PackedIndex(files=files, blocks=blocks, client_block=client_block, client_row=client_row)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -77,9 +77,9 @@ def partition_hash(fingerprint: str, spec: dict[str, Any], parts: Sequence[np.nd
     h = hashlib.sha256()
     h.update(_canonical_json({"format": FORMAT_VERSION, "fingerprint": fingerprint, "spec": spec}))
     if isinstance(parts, ClientIndex):
-        sizes = parts.sizes
-        for lo in range(0, sizes.size, CHUNK_ROWS):
-            h.update(np.ascontiguousarray(sizes[lo:lo + CHUNK_ROWS], dtype="<i8"))
+        off = parts.offsets
+        for lo in range(0, len(parts), CHUNK_ROWS):
+            h.update(np.ascontiguousarray(np.diff(off[lo:lo + CHUNK_ROWS + 1]), dtype="<i8"))
         for lo in range(0, parts.rows.size, CHUNK_ROWS):
             h.update(np.ascontiguousarray(parts.rows[lo:lo + CHUNK_ROWS], dtype="<i8"))
         return h.hexdigest()[:16]

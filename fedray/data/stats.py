@@ -136,15 +136,32 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
+def _top_texts(counts: np.ndarray, classes: list[str]) -> list[str]:
+    """Each client's three largest classes by count (ties: the lower class first) as ``name:count`` joined by
+    spaces, classes it does not hold left out (vectorised with Arrow's string kernels: the classes a client holds
+    come first, so its text joins the first k pieces)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    top = np.argsort(-counts, axis=1, kind="stable")[:, :3]
+    top_n = np.take_along_axis(counts, top, axis=1)
+    names = pa.array([f"{c}:" for c in classes])
+    pieces = [pc.binary_join_element_wise(names.take(pa.array(np.ascontiguousarray(top[:, j]))),
+                                          pa.array(np.ascontiguousarray(top_n[:, j])).cast(pa.string()), "")
+              for j in range(top.shape[1])]
+    held = pa.array((top_n > 0).sum(axis=1))
+    text = pa.array([""] * counts.shape[0], pa.string())
+    for k in range(1, len(pieces) + 1):
+        joined = pieces[0] if k == 1 else pc.binary_join_element_wise(*pieces[:k], " ")
+        text = pc.if_else(pc.equal(held, k), joined, text)
+    return text.to_pylist()
+
+
 def _row_fields(counts: np.ndarray, lo: int, classes: list[str]) -> Iterator[tuple[int, int, int, float, str]]:
     """``(client, samples, classes held, entropy, largest classes)`` of the clients of ``counts`` (client ``lo``
     first): the largest three classes by count (ties: the lower class first) as ``name:count``."""
-    top = np.argsort(-counts, axis=1, kind="stable")[:, :3]
-    top_n = np.take_along_axis(counts, top, axis=1)
-    fields = zip(counts.sum(axis=1).tolist(), (counts > 0).sum(axis=1).tolist(), class_entropy(counts).tolist(),
-                 top.tolist(), top_n.tolist())
-    for k, (samples, held, ent, row_top, row_n) in enumerate(fields):
-        yield lo + k, samples, held, ent, " ".join(f"{classes[t]}:{v}" for t, v in zip(row_top, row_n) if v > 0)
+    return zip(range(lo, lo + counts.shape[0]), counts.sum(axis=1).tolist(), (counts > 0).sum(axis=1).tolist(),
+               class_entropy(counts).tolist(), _top_texts(counts, classes))
 
 
 def _csv_field(text: str) -> str:
@@ -175,14 +192,19 @@ def write_client_table(store_or_counts: Any, path: str | Path) -> Path:
     classes = info.get("classes") or [str(i) for i in range(c)]
     domains = store_or_counts.domains if _is_store(store_or_counts) else None
     has_domain = domains is not None and n > 0 and bool(np.any(domains >= 0))
+    quote = any(_csv_field(c) != c for c in classes)
     path = Path(path)
     with atomic_writer(path, suffix=".tmp.csv") as fh:
         fh.write(("client,samples,classes,entropy,top_classes" + (",domain" if has_domain else "") + "\n").encode())
         for lo, counts in chunks:
             dom = domains[lo:lo + counts.shape[0]].tolist() if has_domain and domains is not None else None
-            lines = [f"{cid},{samples},{held},{ent!r},{_csv_field(top)}"
-                     + ("" if dom is None else f",{dom[cid - lo]}" if dom[cid - lo] >= 0 else ",")
-                     for cid, samples, held, ent, top in _row_fields(counts, lo, classes)]
+            field = _csv_field if quote else str
+            if dom is None:
+                lines = [f"{cid},{samples},{held},{ent!r},{field(top)}"
+                         for cid, samples, held, ent, top in _row_fields(counts, lo, classes)]
+            else:
+                lines = [f"{cid},{samples},{held},{ent!r},{field(top)}," + (str(d) if d >= 0 else "")
+                         for (cid, samples, held, ent, top), d in zip(_row_fields(counts, lo, classes), dom)]
             fh.write(("\n".join(lines) + "\n").encode() if lines else b"")
     return path
 

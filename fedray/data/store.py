@@ -301,24 +301,41 @@ def _read_parquet(path: Path, schema: pa.Schema, columns: list[str] | None = Non
 
 def _check_clients(where: Path, n: int, doc: dict, clients: ClientTable, packed: PackedFiles) -> None:
     """The client index against the blocks: sizes >= 0 adding up to meta.json's assigned rows and to the rows of
-    the blocks, every non-empty client's rows inside its block, clients in order without overlap (as written)."""
-    sizes, block, row = clients.sizes, clients.block, clients.block_row
+    the blocks, every non-empty client's rows inside its block, clients in order without overlap (as written).
+    A chunk of clients at a time: a few MB whatever the population."""
+    sizes = clients.sizes
     if sizes.size and sizes.min() < 0:
         raise DataError(f"partition client index {where}: negative num_samples")
     total = int(sizes.sum())
     if total != int(packed.rows.sum()) or total != int(doc.get("assigned_rows", total)):
         raise DataError(f"partition client index {where}: {total} rows for the clients, the blocks hold "
                         f"{int(packed.rows.sum())}, meta.json records {doc.get('assigned_rows')}")
+    last = (-1, 0)  # block and end row of the last non-empty client of the chunks before
+    for lo in range(0, n, _CHECK_CLIENTS):
+        last = _check_client_chunk(where, clients, packed, lo, min(n, lo + _CHECK_CLIENTS), last)
+
+
+_CHECK_CLIENTS = 1 << 18
+
+
+def _check_client_chunk(where: Path, clients: ClientTable, packed: PackedFiles, lo: int, hi: int,
+                        last: tuple[int, int]) -> tuple[int, int]:
+    sizes, block, row = clients.sizes[lo:hi], clients.block[lo:hi], clients.block_row[lo:hi]
     full = sizes > 0
     b, r, s = block[full].astype(np.int64), row[full].astype(np.int64), sizes[full]
     if np.any(block[~full] != -1) or np.any(b < 0) or np.any(b >= len(packed.rows)) or np.any(r < 0):
         raise DataError(f"partition client index {where}: a client's block is outside {packed.root / BLOCKS_FILE}")
     if np.any(r + s > packed.rows[b]):
         raise DataError(f"partition client index {where}: a client's rows run past the end of its block")
+    if not b.size:
+        return last
+    b = np.concatenate([[last[0]], b])
     step = np.diff(b)
     same = step == 0
-    if np.any(step < 0) or np.any(r[1:][same] < (r + s)[:-1][same]):
+    ends = np.concatenate([[last[1]], r + s])
+    if np.any(step < 0) or np.any(r[same] < ends[:-1][same]):
         raise DataError(f"partition client index {where}: clients are not stored in client order, without overlap")
+    return int(b[-1]), int(ends[-1])
 
 
 class PartitionStore:

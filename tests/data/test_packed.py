@@ -57,6 +57,30 @@ def test_plan_blocks_keeps_clients_whole_and_in_order():
     assert first.tolist() == [] and block.tolist() == [-1, -1, -1]
 
 
+def test_plan_blocks_a_pass_at_a_time_equals_the_whole_plan():
+    """The plan made a few clients at a time (carrying the last window and batch) is the one-pass plan."""
+
+    def whole(sizes, rpb):
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        nonempty = np.flatnonzero(sizes > 0)
+        window = starts[nonempty] // rpb
+        new = np.ones(len(nonempty), dtype=bool)
+        new[1:] = window[1:] != window[:-1]
+        batch_of = np.cumsum(new) - 1
+        block, row = np.full(len(sizes), -1), np.zeros(len(sizes), dtype=np.int64)
+        block[nonempty] = batch_of
+        row[nonempty] = starts[nonempty] - starts[nonempty[new]][batch_of]
+        return nonempty[new], block, row
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 120))
+        sizes = rng.integers(0, 6, n) * (rng.random(n) < rng.random())
+        rpb, per_pass = int(rng.integers(1, 30)), int(rng.integers(1, 40))
+        got = plan_blocks(sizes, rpb, clients_per_pass=per_pass)
+        assert all(np.array_equal(a, b) for a, b in zip(got, whole(sizes, rpb))), (sizes.tolist(), rpb, per_pass)
+
+
 def test_index_records_the_crc32_of_every_block(tmp_path, bundle):
     st = build_partition(bundle, {"name": "dirichlet", "num_clients": 20, "seed": 0}, tmp_path, **SMALL)
     doc = json.loads((st.path / "meta.json").read_text())

@@ -220,17 +220,9 @@ def test_corrupt_manifest_or_meta_names_file(tmp_path, bundle):
     clients.write_bytes(good_clients[:-8] + bytes(8))
     with pytest.raises(DataError, match="corrupt partition client index .*clients.arrow"):
         PartitionStore.open(st.path)
+    clients.write_bytes(good_clients)
     # an index (with a matching checksum) that puts client 3's rows past the end of its batch
-    batch = pa.ipc.open_file(pa.py_buffer(good_clients)).get_batch(0)
-    rows = batch.column("block_row").to_numpy().copy()
-    rows[3] = 1
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, batch.schema) as writer:
-        writer.write_batch(batch.set_column(2, "block_row", pa.array(rows)))
-    clients.write_bytes(sink.getvalue().to_pybytes())
-    doc = json.loads((st.path / "meta.json").read_text())
-    doc["clients"].update(bytes=clients.stat().st_size, crc32=zlib.crc32(clients.read_bytes()))
-    (st.path / "meta.json").write_text(json.dumps(doc))
+    _rewrite_clients(st, block_row=lambda r: np.where(np.arange(4) == 3, 1, r))
     with pytest.raises(DataError, match="clients.arrow: a client's rows run past the end of its block"):
         PartitionStore.open(st.path)
     (st.path / "meta.json").write_text("{not json")
@@ -238,6 +230,38 @@ def test_corrupt_manifest_or_meta_names_file(tmp_path, bundle):
         PartitionStore.open(st.path)
     (st.path / "_COMPLETE").unlink()
     with pytest.raises(DataError, match="incomplete"):
+        PartitionStore.open(st.path)
+
+
+def _rewrite_clients(st: PartitionStore, **change) -> None:
+    """Rewrite ``st``'s clients.arrow with ``change[column](values)`` and give meta.json its size and CRC-32."""
+    path = st.path / "clients.arrow"
+    batch = pa.ipc.open_file(pa.py_buffer(path.read_bytes())).get_batch(0)
+    for name, fn in change.items():
+        i = batch.schema.get_field_index(name)
+        batch = batch.set_column(i, name, pa.array(fn(batch.column(name).to_numpy()).astype(np.int32 if i else np.int64)))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    path.write_bytes(sink.getvalue().to_pybytes())
+    doc = json.loads((st.path / "meta.json").read_text())
+    doc["clients"].update(bytes=path.stat().st_size, crc32=zlib.crc32(path.read_bytes()))
+    (st.path / "meta.json").write_text(json.dumps(doc))
+
+
+def test_client_index_checks_span_chunks_of_clients(tmp_path, bundle, monkeypatch):
+    import fedray.data.store as store_mod
+
+    monkeypatch.setattr(store_mod, "_CHECK_CLIENTS", 3)  # clients 2 and 3 in different chunks of the check
+    st = build_partition(bundle, {"name": "iid", "num_clients": 8, "seed": 0}, tmp_path, block_bytes=1 << 30)
+    assert set(st._block.tolist()) == {1}  # one batch: client c starts at row c * size
+    PartitionStore.open(st.path)
+    _rewrite_clients(st, block_row=lambda r: np.where(np.arange(8) == 3, r - 1, r))  # overlaps client 2's last row
+    with pytest.raises(DataError, match="clients are not stored in client order, without overlap"):
+        PartitionStore.open(st.path)
+    _rewrite_clients(st, block_row=lambda r: np.where(np.arange(8) == 3, r + 1, r),  # shifted, sizes add up
+                     num_samples=lambda s: np.where(np.arange(8) == 2, s + 1, np.where(np.arange(8) == 7, s - 1, s)))
+    with pytest.raises(DataError, match="clients are not stored in client order, without overlap"):
         PartitionStore.open(st.path)
 
 
