@@ -30,8 +30,22 @@ class Checkpointer(Callback):
 
     def save(self, loop, rnd: int) -> None:
         self.rd.save_checkpoint(loop.engine.state_dict(), keep=self.keep)
+        states = ClientStateStore(self.state_path)
+        if not states.empty():  # the clients that trained since the last checkpoint: theirs are the only new versions
+            states.prune(keep_from_round=rnd + 1, clients=self._trained(self.last + 1, rnd))
         self.last = rnd
-        ClientStateStore(self.state_path).prune(keep_from_round=rnd + 1)
+
+    def _trained(self, first: int, last: int) -> list[int] | None:
+        """The clients in the ledgers of rounds ``first .. last``; None (prune every client) when one is missing."""
+        import pyarrow.parquet as pq
+
+        out: list[int] = []
+        for r in range(first, last + 1):
+            path = self.rd.path / "ledger" / f"round-{r:06d}.parquet"
+            if not path.is_file():
+                return None
+            out += pq.read_table(path, columns=["client"]).column(0).to_pylist()
+        return out
 
     def on_round_end(self, loop, report):
         rnd = int(report["round"])
