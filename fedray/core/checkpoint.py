@@ -63,7 +63,7 @@ def _record_fields(obj: dict) -> tuple[str, ...] | None:
     if len(obj) < _PACK_MIN:
         return None
     fields: tuple[str, ...] | None = None
-    specs: list[tuple[np.dtype, tuple[int, ...]]] = []
+    specs: list[tuple[np.dtype | None, tuple[int, ...]]] = []
     for k, v in obj.items():
         if type(k) is not int or not -(1 << 63) <= k < 1 << 63 or not isinstance(v, dict) or not v:
             return None
@@ -72,7 +72,7 @@ def _record_fields(obj: dict) -> tuple[str, ...] | None:
             if not all(type(f) is str for f in fields):
                 return None
             specs = [(a.dtype, a.shape[1:]) if isinstance(a, np.ndarray) and a.ndim else (None, ()) for a in v.values()]
-            if any(dt is None or dt == object for dt, _ in specs):
+            if any(dt is None or dt.hasobject for dt, _ in specs):
                 return None
         elif tuple(v) != fields:
             return None
