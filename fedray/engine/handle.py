@@ -151,6 +151,14 @@ class RayCoordinator:
             raise
         except rex.RayActorError as e:  # ActorDiedError, ActorUnavailableError
             raise CoordinatorLost(_reason(e)) from e
+        except SystemError as e:
+            # Ctrl-C or SIGTERM while this thread waits in Ray's compiled code: what the signal's handler raised (the
+            # round loop's interruption) comes back wrapped, "returned a result with an exception set". Raised as
+            # itself, the loop stops as interrupted (the round in flight finished, recorded, checkpointed); as a
+            # SystemError the run failed and lost that round's checkpoint (found by bench/chaos.py)
+            if e.__cause__ is None:
+                raise
+            raise e.__cause__ from None
 
     def _await(self, ref) -> None:
         """Wait for ``ref`` while the coordinator answers its heartbeat (``ping``, on a thread of its own); one left
