@@ -9,9 +9,8 @@ a file fail with ENOSPC or the driver signal itself in the middle of it (during 
 append, ...).
 
 Adding a kind is adding a row to :data:`KINDS`; ``default=False`` keeps a kind out of the draw unless ``--kinds``
-names it. ``worker_sigstop`` (a hung worker) is found by the heartbeat of ``engine.heartbeat_s`` (the harness's runs
-set 5 s). ``coordinator_sigstop`` is off: nothing finds a hung coordinator yet, so a run with it waits until the
-driver's time limit and counts as hung.
+names it. ``worker_sigstop`` and ``coordinator_sigstop`` (a hung process: alive, silent) are found by the heartbeats
+of ``engine.heartbeat_s`` (the harness's runs set 5 s); a run that outlives the driver's time limit counts as hung.
 """
 
 from __future__ import annotations
@@ -136,11 +135,14 @@ def _kill(pattern: re.Pattern, sig: int = signal.SIGKILL) -> Callable[[Fault, Ta
     return fire
 
 
-def _stop_worker(fault: Fault, t: Target) -> bool:
-    pid = _signal_one(ray_processes(t.driver, WORKER), signal.SIGSTOP, fault)
-    if pid is not None:
-        t.stopped.append(pid)
-    return pid is not None
+def _stop(pattern: re.Pattern) -> Callable[[Fault, Target], bool]:
+    """SIGSTOP one of the processes: hung, not dead (SIGKILLed when its driver ends, if nothing did before)."""
+    def fire(fault: Fault, t: Target) -> bool:
+        pid = _signal_one(ray_processes(t.driver, pattern), signal.SIGSTOP, fault)
+        if pid is not None:
+            t.stopped.append(pid)
+        return pid is not None
+    return fire
 
 
 def _signal_driver(sig: int) -> Callable[[Fault, Target], bool]:
@@ -241,10 +243,11 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("enospc", _write("enospc", list(WRITES), "enospc"), None, note="ENOSPC injected in the write helper"),
     Kind("disk_full", _moment("disk_full"), _fill_disk, disk=True, note="the run's own tmpfs filled up"),
     Kind("shard_corrupt", _moment("shard_corrupt"), _corrupt_shard, note="a partition file damaged in place"),
-    Kind("worker_sigstop", _moment("worker_sigstop"), _stop_worker, ray=True,
+    Kind("worker_sigstop", _moment("worker_sigstop"), _stop(WORKER), ray=True,
          note="a hung worker (alive, silent): found by engine.heartbeat_s, replaced, its clients re-run"),
-    Kind("coordinator_sigstop", _moment("coordinator_sigstop"), _kill(COORDINATOR, signal.SIGSTOP), ray=True,
-         default=False, note="a hung coordinator: nothing detects it yet (the driver waits); off by default"),
+    Kind("coordinator_sigstop", _moment("coordinator_sigstop"), _stop(COORDINATOR), ray=True,
+         note="a hung coordinator: found by the driver's heartbeat (engine.heartbeat_s), restarted from the last "
+              "checkpoint"),
 ]}
 
 

@@ -1,6 +1,8 @@
-"""A coordinator (or a client worker) that dies while a Ray run starts (found by the chaos harness, issue 34): before
-the fix the run stopped with Ray's ActorDiedError traceback (exit 1); now it is started again, within
-``engine.max_coordinator_restarts``, as one that dies in a round, and the run ends with the undisturbed bits."""
+"""What the chaos harness (bench/chaos.py, issue 34) found around the coordinator of a Ray run. A coordinator (or a
+client worker) that dies while the run starts: before the fix the run stopped with Ray's ActorDiedError traceback
+(exit 1); now it is started again, within ``engine.max_coordinator_restarts``, as one that dies in a round, and the
+run ends with the undisturbed bits. A SIGTERM that lands while the driver waits in Ray's compiled code: before the
+fix a SystemError failed the run; now it stops as interrupted, the round in flight recorded and checkpointed."""
 
 from __future__ import annotations
 
