@@ -40,13 +40,13 @@ from fedray.data.spec_hash import partition_hash, resolve_spec  # noqa: E402
 
 
 def _status(key: str) -> float:
-    """``key`` of /proc/self/status in MB."""
+    """``key`` of /proc/self/status in MiB."""
     m = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
     return int(m.group(1)) / 1024 if m else float("nan")
 
 
 def _line(stage: str, seconds: float, extra: str = "") -> None:
-    print(f"{stage:<34} {seconds:9.1f} s   peak RSS {_status('VmHWM'):8.0f} MB   private now {_status('RssAnon'):7.0f} MB"
+    print(f"{stage:<34} {seconds:9.1f} s   peak RSS {_status('VmHWM'):8.0f} MiB   private now {_status('RssAnon'):7.0f} MiB"
           + (f"   {extra}" if extra else ""), flush=True)
 
 
@@ -178,7 +178,7 @@ def _run(args) -> int:
         _stats(st, root)
     got = _child(["--open", str(st.path)])
     print(f"6. open in a fresh process: {got['open_s']:.2f} s, private memory {got['anon_before_mb']:.0f} -> "
-          f"{got['anon_after_mb']:.0f} MB (RSS {got['rss_mb']:.0f} MB, mostly mapped pages); a client's rows: median "
+          f"{got['anon_after_mb']:.0f} MiB (RSS {got['rss_mb']:.0f} MiB, mostly mapped pages); a client's rows: median "
           f"{got['read_median_ms']:.3f} ms, mean {got['read_mean_ms']:.3f} ms; sampling 10,000 clients "
           f"{got['sample_10k_ms']:.2f} ms", flush=True)
     _partitioners(args, labels, root)
@@ -196,8 +196,8 @@ def _partitioners(args, labels: np.ndarray, root: Path) -> None:
         for name in names:
             got = _child(["--one", name, "--labels", str(path), "--clients", str(args.clients),
                           "--params", json.dumps(params.get(name, {}))])
-            print(f"7. {name:<20} {got['seconds']:8.1f} s   peak RSS {got['peak_mb']:7.0f} MB (labels alone "
-                  f"{got['labels_mb']:.0f} MB)   {got['rows']:,} rows, {got['empty']:,} empty clients", flush=True)
+            print(f"7. {name:<20} {got['seconds']:8.1f} s   peak RSS {got['peak_mb']:7.0f} MiB (labels alone "
+                  f"{got['labels_mb']:.0f} MiB)   {got['rows']:,} rows, {got['empty']:,} empty clients", flush=True)
     finally:
         path.unlink(missing_ok=True)
 

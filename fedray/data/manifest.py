@@ -15,6 +15,7 @@ memory per process. Its size and CRC-32 are recorded in ``meta.json`` and checke
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
@@ -32,7 +33,7 @@ __all__ = ["CLIENTS_FILE", "CLIENTS_PER_GROUP", "MANIFEST_FILE", "MANIFEST_SCHEM
 
 MANIFEST_FILE = "manifest.parquet"
 CLIENTS_FILE = "clients.arrow"
-CLIENTS_PER_GROUP = 1 << 18  # clients per Parquet row group of the manifest (and per pass writing or reading it)
+CLIENTS_PER_GROUP = 1 << 17  # clients per Parquet row group of the manifest (and per pass writing or reading it)
 PARTITION_KEY = b"fedray.partition"
 
 MANIFEST_SCHEMA = pa.schema(
@@ -109,10 +110,14 @@ def write_clients(path: Path, sizes: np.ndarray, client_block: np.ndarray, clien
 
 
 def file_entry(path: Path, name: str) -> dict:
-    """``{"name", "bytes", "crc32"}`` of the file at ``path`` (its ``meta.json`` entry), read through a mapping."""
-    with pa.memory_map(str(path)) as mm:
-        buf = mm.read_buffer()
-        return {"name": name, "bytes": int(buf.size), "crc32": buffer_crc32(buf)}
+    """``{"name", "bytes", "crc32"}`` of the file at ``path`` (its ``meta.json`` entry), read in 1 MiB pieces (no
+    mapping: the pages stay out of the writer's resident memory)."""
+    crc, size = 0, 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return {"name": name, "bytes": size, "crc32": crc & 0xFFFFFFFF}
 
 
 def check_manifest(root: Path, doc: dict, num_clients: int, *, contents: bool) -> None:

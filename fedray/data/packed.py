@@ -87,7 +87,7 @@ class PackedIndex:
     client_row: np.ndarray
 
 
-def plan_blocks(sizes: np.ndarray, rows_per_block: int, starts: np.ndarray | None = None,
+def plan_blocks(sizes: np.ndarray | None, rows_per_block: int, starts: np.ndarray | None = None,
                 clients_per_pass: int = 1 << 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cut consecutive non-empty clients into record batches of about ``rows_per_block`` rows.
 
@@ -95,14 +95,22 @@ def plan_blocks(sizes: np.ndarray, rows_per_block: int, starts: np.ndarray | Non
     than the previous non-empty client's, so a batch has at most ``rows_per_block`` rows plus one client
     and a client is never split. Returns the first client of every batch (int64), the batch of every client
     (int32, -1 when empty) and each client's first row within its batch (int32). ``starts``: each client's
-    first row in the partition (``offsets[:-1]`` of its client index), computed from ``sizes`` when not given.
+    first row in the partition (``offsets[:-1]`` of its client index), computed from ``sizes`` when not given;
+    ``sizes=None`` takes them from ``starts``, which then holds one more entry (``offsets``, the last the total).
     Computed ``clients_per_pass`` clients at a time: besides the results (8 bytes a client), a pass's arrays."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    n = len(sizes)
-    if starts is None:
-        starts = np.zeros(n, dtype=np.int64)
-        if n > 1:
-            np.cumsum(sizes[:-1], out=starts[1:])
+    if sizes is None:
+        if starts is None:
+            raise ValueError("plan_blocks: give sizes, or starts with the total rows as one more entry")
+        offsets = np.asarray(starts, dtype=np.int64)
+        starts, n = offsets[:-1], len(offsets) - 1
+    else:
+        sizes = np.asarray(sizes, dtype=np.int64)
+        n = len(sizes)
+        if starts is None:
+            starts = np.zeros(n, dtype=np.int64)
+            if n > 1:
+                np.cumsum(sizes[:-1], out=starts[1:])
+        offsets = np.append(starts, starts[-1] + sizes[-1]) if n else np.zeros(1, dtype=np.int64)
     rpb = max(1, int(rows_per_block))
     client_block = np.full(n, -1, dtype=np.int32)
     client_row = np.zeros(n, dtype=np.int32)
@@ -110,7 +118,7 @@ def plan_blocks(sizes: np.ndarray, rows_per_block: int, starts: np.ndarray | Non
     window, batches, batch_start = -1, 0, 0  # the last non-empty client's window, batches so far, its batch's row
     for lo in range(0, n, max(1, int(clients_per_pass))):
         hi = min(n, lo + max(1, int(clients_per_pass)))
-        nonempty = lo + np.flatnonzero(sizes[lo:hi] > 0)
+        nonempty = lo + np.flatnonzero(offsets[lo + 1:hi + 1] > offsets[lo:hi])
         if not nonempty.size:
             continue
         ne_starts = starts[nonempty]
@@ -243,7 +251,7 @@ def write_packed(
     rows_per_block = int(block_bytes // row_bytes)
     if max(1, rows_per_block) >= 1 << 30:
         raise DataError(f"packed writer: block_bytes={block_bytes} makes batches too long for int32 row numbers")
-    first_client, client_block, client_row = plan_blocks(index.sizes, rows_per_block, starts[:-1])
+    first_client, client_block, client_row = plan_blocks(None, rows_per_block, starts)
     block_start = starts[first_client]  # first row of every batch, in partition order
     block_end = np.append(block_start[1:], starts[n])
     group_of = block_start // max(1, int(gather_bytes // row_bytes))  # batches gathered together
@@ -276,8 +284,10 @@ def write_packed(
         raise DataError(f"packed writer: {len(batch_index)} record batches written, {len(first_client)} planned")
     if len(batch_index) and int(batch_index[-1]) >= 1 << 31:
         raise DataError(f"packed writer: {len(rows)} blocks do not fit an int32 block number")
-    placed = client_block >= 0
-    client_block[placed] = batch_index[client_block[placed]]  # in place: int32, -1 for an empty client
+    for lo in range(0, n, 1 << 20):  # in place, a slice at a time: int32, -1 for an empty client
+        part = client_block[lo:lo + (1 << 20)]
+        placed = part >= 0
+        part[placed] = batch_index[part[placed]]
     return PackedIndex(files=files, blocks=blocks, client_block=client_block, client_row=client_row)
 
 

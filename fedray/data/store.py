@@ -121,12 +121,15 @@ def _write_partition(
 ) -> None:
     meta = split.meta
     (tmp / DATA_DIR).mkdir(parents=True)
+    pool = pa.default_memory_pool()
     with ProgressBar(parts.num_rows, "rows", f"partition {h}: rows", enabled=progress) as bar:
         index = write_packed(tmp, _source_table(split), parts, block_bytes=block_bytes, file_bytes=file_bytes,
                              progress=bar.update)
+    pool.release_unused()  # Arrow's allocator keeps freed buffers: give the gathered groups back
     with ProgressBar(len(parts), "clients", f"partition {h}: manifest", enabled=progress) as bar:
         majority = write_manifest(tmp / MANIFEST_FILE, split.labels, parts, meta.num_classes, domains,
                                   index.client_block, index.client_row, h, progress=bar.update)
+    pool.release_unused()
     clients = write_clients(tmp / CLIENTS_FILE, parts.sizes, index.client_block, index.client_row, majority)
     del index.client_block, index.client_row, majority
     pq.write_table(index.blocks, str(tmp / BLOCKS_FILE), compression="zstd")
@@ -212,18 +215,8 @@ def build_partition(
     (:mod:`fedray.reporting.progress`).
     """
     resolved = resolve_spec(spec)
-    params = {k: v for k, v in resolved.items() if k not in ("name", "num_clients", "seed")}
     split = bundle.train
-    domains = split.domains
-    parts = partition_indices(
-        resolved["name"],
-        split.labels,
-        num_clients=resolved["num_clients"],
-        seed=resolved["seed"],
-        domains=domains,
-        natural=_natural_ids(split),
-        **params,
-    )
+    parts = _partition(split, resolved)
     fingerprint = bundle.fingerprint or content_fingerprint(split)
     h = partition_hash(fingerprint, resolved, parts)
     root = Path(root)
@@ -233,16 +226,27 @@ def build_partition(
         raise DataError(f"cannot create partition root {root}: {e}") from e
     final = root / h
     existed = final.exists()
-    if existed and not overwrite and (store := _reuse(final, log)) is not None:
-        return store  # complete and intact: reuse without rewriting anything
+    if existed and not overwrite:
+        del parts  # not held while the cache is checked (ten million clients: 16 bytes a row and 8 a client)
+        if (store := _reuse(final, log)) is not None:
+            return store  # complete and intact: reuse without rewriting anything
+        parts = _partition(split, resolved)
     tmp = root / f".tmp-{h}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        _write_partition(tmp, split, parts, resolved, h, fingerprint, domains, block_bytes, file_bytes, progress)
+        _write_partition(tmp, split, parts, resolved, h, fingerprint, split.domains, block_bytes, file_bytes, progress)
+        del parts
         _install(tmp, final, overwrite or existed)  # a damaged one is replaced even if it has a marker
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    pa.default_memory_pool().release_unused()  # what Arrow's allocator kept of the writer's buffers
     return PartitionStore.open(final)
+
+
+def _partition(split: Split, resolved: dict) -> ClientIndex:
+    params = {k: v for k, v in resolved.items() if k not in ("name", "num_clients", "seed")}
+    return partition_indices(resolved["name"], split.labels, num_clients=resolved["num_clients"],
+                             seed=resolved["seed"], domains=split.domains, natural=_natural_ids(split), **params)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -79,6 +79,8 @@ def test_plan_blocks_a_pass_at_a_time_equals_the_whole_plan():
         rpb, per_pass = int(rng.integers(1, 30)), int(rng.integers(1, 40))
         got = plan_blocks(sizes, rpb, clients_per_pass=per_pass)
         assert all(np.array_equal(a, b) for a, b in zip(got, whole(sizes, rpb))), (sizes.tolist(), rpb, per_pass)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])  # what the writer passes: no sizes array
+        assert all(np.array_equal(a, b) for a, b in zip(plan_blocks(None, rpb, offsets, per_pass), got))
 
 
 def test_index_records_the_crc32_of_every_block(tmp_path, bundle):
