@@ -222,8 +222,8 @@ def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Att
                 proc.wait()
     a.rc, a.seconds = proc.returncode, time.monotonic() - t0
     a.tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-6:])
-    for f in s.faults:  # a write fault struck when its driver ended the way that fault ends one
-        if f.write and f.attempt == attempt and not f.fired:
+    for f in s.faults:  # a write fault struck when its driver ended the way that fault ends one (not killed as hung)
+        if f.write and f.attempt == attempt and not f.fired and not a.hung:
             action = f.write.rsplit("=", 1)[1]
             f.fired = ((action == "enospc" and f"injected by {FAULT_ENV}" in a.tail)
                        or (action == "sigkill" and a.rc == -signal.SIGKILL and not _external(s, attempt))
