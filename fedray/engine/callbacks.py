@@ -6,6 +6,7 @@ run (progress, TensorBoard, trackers, ``on_round``) are in :mod:`fedray.reportin
 from __future__ import annotations
 
 from fedray.engine.faults import FaultInjector
+from fedray.engine.rounds import _signals_deferred
 from fedray.engine.state import ClientStateStore
 from fedray.reporting.callbacks import Callback
 from fedray.reporting.rundir import RunDir
@@ -55,16 +56,21 @@ class Checkpointer(Callback):
     def on_run_end(self, loop, interrupted):
         done = loop.result.rounds[-1]["round"] if loop.result.rounds else 0
         if (interrupted or loop.result.failed) and done > self.last:
-            try:
-                state = loop.engine.state_dict()
-                if int(state["round"]) != done:  # a round ran but its row was not written (a full disk): a
-                    # checkpoint of it would skip that round on --resume; the last checkpoint stays the one
-                    self.log(f"[fedray] no final checkpoint: the coordinator is at round {state['round']}, the "
-                             f"last recorded round is {done}")
-                    return
-                self.rd.save_checkpoint(state, keep=self.keep)
-            except Exception as e:  # noqa: BLE001
-                self.log(f"[fedray] could not write the final checkpoint: {e}")
+            with _signals_deferred():  # a second Ctrl-C / SIGTERM now waits for this checkpoint (found by chaos)
+                self._final(loop, done)
+
+    def _final(self, loop, done: int) -> None:
+        """The checkpoint of the last recorded round ``done``, at the end of an interrupted or failed run."""
+        try:
+            state = loop.engine.state_dict()
+            if int(state["round"]) != done:  # a round ran but its row was not written (a full disk): a
+                # checkpoint of it would skip that round on --resume; the last checkpoint stays the one
+                self.log(f"[fedray] no final checkpoint: the coordinator is at round {state['round']}, the "
+                         f"last recorded round is {done}")
+                return
+            self.rd.save_checkpoint(state, keep=self.keep)
+        except Exception as e:  # noqa: BLE001
+            self.log(f"[fedray] could not write the final checkpoint: {e}")
 
 
 class DriverFaults(Callback):

@@ -23,7 +23,7 @@ from fedray.engine.dispatch import RunAborted
 from fedray.engine.handle import CoordinatorLost, _reason, open_coordinator
 from fedray.engine.launch import EarlyStart, early_start
 from fedray.engine.rounds import RoundLoop, resume_state
-from fedray.engine.setup import Run, RunResult, fail_run, finish_run, run_status, setup_run
+from fedray.engine.setup import Run, RunResult, fail_run, finish_run, run_status, setup_run, stop_run
 
 __all__ = ["run_experiment"]
 
@@ -122,8 +122,9 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     except BaseException as e:
         if engine is None and early is not None:
             early.abort()
-        if not result.failed and not isinstance(e, Exception):  # a second Ctrl-C during the finish
+        if not result.failed and not isinstance(e, Exception):  # a second Ctrl-C / SIGTERM during the finish
             result.interrupted = True
+            stop_run(run, log)
         else:
             result.failed = result.failed or _reason(e)
             fail_run(run, engine, result, log)

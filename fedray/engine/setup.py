@@ -26,7 +26,7 @@ from fedray.reporting.claim import check_run_dir, default_run_name, refuse_live_
 from fedray.reporting.rundir import RunDir
 from fedray.reporting.trackers import open_trackers
 
-__all__ = ["Run", "RunResult", "fail_run", "finish_run", "prepare_data", "run_status", "setup_run"]
+__all__ = ["Run", "RunResult", "fail_run", "finish_run", "prepare_data", "run_status", "setup_run", "stop_run"]
 
 
 @dataclass
@@ -191,6 +191,20 @@ def fail_run(run: Run, engine, result: RunResult, log=print) -> None:
     info.update(status="failed", error=result.failed)
     rd.write_json("run.json", info)
     log(f"[fedray] failed: {result.failed} | outputs in {rd.path}")
+
+
+def stop_run(run: Run, log=print) -> None:
+    """A second Ctrl-C or SIGTERM ended the run while it stopped or finished: ``run.json`` says ``interrupted`` (the
+    checkpoint ``latest`` names is where ``--resume`` goes on), unless it already says how the run ended. Without
+    it the record kept saying ``running`` (read as ``killed``), though this driver was alive to write it."""
+    try:
+        info = run.rd.read_json("run.json")
+        if info.get("status") == "running":
+            info.update(status="interrupted", error="stopped by a second Ctrl-C / SIGTERM")
+            run.rd.write_json("run.json", info)
+            run.rd.release_space()
+    except Exception as e:  # noqa: BLE001 - a third signal, a full disk: the record reads killed then
+        log(f"[fedray] could not record the interruption in run.json: {type(e).__name__}: {e}")
 
 
 def finish_run(run: Run, engine, result: RunResult, log=print) -> RunResult:

@@ -1,6 +1,7 @@
-"""A full disk while a run writes its directory (issue 34): the run fails loudly (``run.json`` failed, the reason
-naming the file, ``fedray run`` exit 1), the previous checkpoint stays intact, no torn or temporary file is left,
-and ``--resume`` with space back reaches the fault-free run's bits with every round recorded once.
+"""A full disk, or a signal, while a run writes its directory (issue 34): the run fails loudly (``run.json`` failed,
+the reason naming the file, ``fedray run`` exit 1) or stops, the previous checkpoint stays intact, no torn or
+temporary file is left, and ``--resume`` with space back reaches the fault-free run's bits with every round recorded
+once.
 
 The full disk is injected in the one write helper (``FEDRAY_FAULT_WRITE=GLOB@N=enospc``, :mod:`fedray.core.io`) at
 a chosen write, and, where this machine lets the test mount one, made real: a small tmpfs filled up mid-run."""
@@ -145,6 +146,50 @@ def test_a_driver_signalled_in_the_middle_of_a_checkpoint_write_resumes_to_the_b
     want = RunDir(tmp_path / "clean" / "runs" / "tiny").read_json("summary.json")["weights_hash"]
     assert rd.read_json("summary.json")["weights_hash"] == want
     _assert_consistent(rd, [1, 2, 3])
+
+
+def test_a_second_sigterm_during_the_interruption_s_checkpoint_waits_for_it(tmp_path):
+    """SIGTERM in round 1's checkpoint write stops the run; a second one while the interruption's checkpoint is
+    written (its ``latest`` pointer) used to kill the driver there: no checkpoint, and --resume refused. It now waits
+    for that checkpoint, then ends the driver (the in-process engine keeps SIGTERM's default action)."""
+    env = {**os.environ, "TQDM_DISABLE": "1", FAULT_ENV: "ckpt-*.npz@1=sigterm,latest@1=sigterm"}
+    cfg = write_tiny_config(tmp_path, rounds=3)
+    r = subprocess.run([sys.executable, "-m", "fedray", "run", str(cfg), "--quiet", "output.checkpoint_every=1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == -15, r.stdout[-2000:] + r.stderr[-2000:]
+    rd = RunDir(tmp_path / "runs" / "tiny")
+    assert rd.load_checkpoint()["round"] == 1 and [row["round"] for row in rd.read_metrics()] == [1]
+    env.pop(FAULT_ENV)
+    r = subprocess.run([sys.executable, "-m", "fedray", "run", "--resume", str(rd.path), "--quiet"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    _assert_consistent(rd, [1, 2, 3])
+
+
+def test_a_second_signal_that_exits_the_driver_still_records_the_interruption(tmp_path, partition_cache,
+                                                                            monkeypatch, clean_hash):
+    """With a handler that exits on SIGTERM (what a Ray run's early start installs: ``sys.exit(15)``), the second
+    SIGTERM ends run_experiment with SystemExit after the interruption's checkpoint: run.json says interrupted (it
+    said running, read as killed, though the driver was alive to write it)."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+    try:
+        _faulty(monkeypatch, "ckpt-*.npz@1=sigterm,latest@1=sigterm")
+        cfg = _cfg(tmp_path, partition_cache, output__checkpoint_every=1)
+        with pytest.raises(SystemExit):
+            run_quiet(cfg)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    rd = RunDir(next((tmp_path / "runs").iterdir()))
+    info = rd.read_json("run.json")
+    assert info["status"] == "interrupted" and "second" in info["error"], info
+    assert rd.load_checkpoint()["round"] == 1 and not (rd.path / ".space-reserve").exists()
+    monkeypatch.delenv(FAULT_ENV)
+    from fedray.engine.runner import run_experiment
+
+    assert run_experiment(resume=rd.path, progress=False, log=lambda *a: None).weights_hash == clean_hash
+    _assert_consistent(rd, [1, 2, 3, 4])
 
 
 # ------------------------------------------------------------------------------------------ a real full disk
