@@ -227,7 +227,7 @@ def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Att
             action = f.write.rsplit("=", 1)[1]
             f.fired = ((action == "enospc" and f"injected by {FAULT_ENV}" in a.tail)
                        or (action == "sigkill" and a.rc == -signal.SIGKILL and not _external(s, attempt))
-                       or (action == "sigterm" and a.rc in (130, -signal.SIGTERM) and not _external(s, attempt)))
+                       or (action == "sigterm" and a.rc in (130, 15, -signal.SIGTERM) and not _external(s, attempt)))
     if s.disk is not None:
         for p in s.disk.glob("filler*"):
             p.unlink()  # space is back for the resume
@@ -369,7 +369,7 @@ def _drive(ctx: Context, s: Schedule, out: Outcome) -> None:
             out.started_over += 1
             command = "overwrite"
             continue
-        if a.rc == 2:
+        if a.rc == 2 and a.status != "failed":  # refused before it claimed the run (a failed one is resumed)
             out.ending = "refused"
             out.problems.append(f"driver {attempt} ({a.command}) refused, exit 2: {a.tail.splitlines()[-1:]}")
             return
