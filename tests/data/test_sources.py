@@ -171,6 +171,28 @@ def test_synthetic_max_test_samples_keeps_the_first_test_rows_and_every_other_fi
     assert load_source("synthetic", max_test_samples=10**9, **kw).test.table.equals(whole.test.table)
 
 
+def test_synthetic_cache_reads_back_the_generated_arrays_and_rebuilds_a_damaged_file(tmp_path, monkeypatch):
+    import fedray.data.sources.embedded as embedded
+
+    monkeypatch.setenv("FEDRAY_CACHE_DIR", str(tmp_path))
+    kw = dict(num_clients=2100, samples_per_client_mean=6, min_samples=2, dimension=4, seed=2, max_test_samples=50)
+    fresh = load_source("synthetic", **kw)
+    first = load_source("synthetic", cache=True, **kw)
+    (path,) = tmp_path.glob("synthetic-*.npz")
+    real = embedded._SyntheticStreams.chunk
+    monkeypatch.setattr(embedded._SyntheticStreams, "chunk", lambda *a: pytest.fail("generated again"))
+    again = load_source("synthetic", cache=True, **kw)
+    for b in (first, again):
+        assert b.fingerprint == fresh.fingerprint and b.info == fresh.info
+        assert b.train.table.equals(fresh.train.table) and b.test.table.equals(fresh.test.table)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit in the arrays: the ZIP CRC-32 refuses the file
+    path.write_bytes(bytes(data))
+    monkeypatch.setattr(embedded._SyntheticStreams, "chunk", real)
+    rebuilt = load_source("synthetic", cache=True, **kw)
+    assert rebuilt.train.table.equals(fresh.train.table) and path.read_bytes() != bytes(data)
+
+
 def test_digits_domains_distinct_and_deterministic():
     b = load_source("digits-domains")
     assert b.meta.domains == ("mnist", "mnistm", "svhn-like", "digits", "inverted")

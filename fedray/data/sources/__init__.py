@@ -149,6 +149,8 @@ for _spec in [
                    "max_total_samples": _P(5_000_000, "refuse to generate more samples than this", int, ge=1),
                    "max_test_samples": _P(None, "keep only the first this many test samples (client order; default: "
                                           "all)", int, ge=1, nullable=True),
+                   "cache": _P(False, "keep the generated arrays in the user cache and read them back next time "
+                                      "(worth it from about a million clients)", bool),
                }),
     SourceSpec("digits-domains", _digits_domains, "offline Digit-5-like domains (mnist, mnistm, svhn-like, digits, "
                "inverted; + rotated), 3x28x28 RGB, 'domain' column", {

@@ -144,7 +144,7 @@ def _synthetic_client_models(xs, ys, sz, loc, gens, b_dev, u, d: int, c: int) ->
 
 def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_classes, samples_per_client_mean,
                size_sigma, min_samples, max_samples_per_client, train_fraction, max_total_samples,
-               max_test_samples=None) -> DataBundle:
+               max_test_samples=None, cache=False) -> DataBundle:
     """FedProx Synthetic(alpha, beta) (Li et al. 2020, §5.1), for any number of clients.
 
     Client k: u_k ~ N(0, alpha^2), B_k ~ N(0, beta^2) (alpha, beta are standard deviations, as
@@ -162,7 +162,9 @@ def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_clas
     B ``[seed, 0, 2]``, the IID W, b ``[seed, 0, 3]``; for clients [2048 j, 2048 (j + 1)) the noise of x,
     v, W and b come from ``[seed, 1..4, j]``, each consumed client by client. So a client's data do not
     depend on how many clients follow it, and generation is vectorised per chunk. Memory: the generated
-    arrays and one int per client (the sizes); everything else is per chunk.
+    arrays and one int per client (the sizes); everything else is per chunk. ``cache``: keep the arrays in the
+    user cache (an ``.npz`` keyed by the fingerprint, ZIP CRC-checked when read) and read them back instead of
+    generating them again (ten million clients: 1.3 GiB, read in seconds, generated in about a minute).
     """
     src = "synthetic"
     k, d, c, sigma, min_n = num_clients, dimension, num_classes, size_sigma, min_samples
@@ -178,16 +180,28 @@ def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_clas
     tr_rows = sum(int(t.sum()) for t in n_train)
     te_rows = int(sizes.sum()) - tr_rows
     te_keep = te_rows if max_test_samples is None else min(te_rows, int(max_test_samples))
-    out = _SyntheticArrays(tr_rows, te_keep, d)
-    gens = _SyntheticStreams(seed, alpha, beta, iid, d, c)
-    with ProgressBar(k, "clients", "synthetic", enabled=k >= 100_000) as bar:
-        for chunk, (c0, c1) in enumerate(zip(bounds[:-1], bounds[1:])):
-            xs, ys = gens.chunk(chunk, sizes[c0:c1])
-            out.add(c0, xs, ys, sizes[c0:c1], n_train[chunk])
-            bar.update(c1 - c0)
+    fingerprint = _fingerprint(src, "v1", resolved)
+
+    def build() -> dict[str, np.ndarray]:
+        out = _SyntheticArrays(tr_rows, te_keep, d)
+        gens = _SyntheticStreams(seed, alpha, beta, iid, d, c)
+        with ProgressBar(k, "clients", "synthetic", enabled=k >= 100_000) as bar:
+            for chunk, (c0, c1) in enumerate(zip(bounds[:-1], bounds[1:])):
+                xs, ys = gens.chunk(chunk, sizes[c0:c1])
+                out.add(c0, xs, ys, sizes[c0:c1], n_train[chunk])
+                bar.update(c1 - c0)
+        return {"x_tr": out.x_tr, "y_tr": out.y_tr, "c_tr": out.c_tr, "x_te": out.x_te, "y_te": out.y_te,
+                "c_te": out.c_te}
+
+    def check(a: dict[str, np.ndarray]) -> bool:
+        want = {"x_tr": ((tr_rows, d), np.float32), "y_tr": ((tr_rows,), np.int64), "c_tr": ((tr_rows,), np.int32),
+                "x_te": ((te_keep, d), np.float32), "y_te": ((te_keep,), np.int64), "c_te": ((te_keep,), np.int32)}
+        return set(a) == set(want) and all(a[n].shape == s and a[n].dtype == t for n, (s, t) in want.items())
+
+    a = cached_arrays(f"synthetic-{fingerprint.rsplit(':', 1)[1]}", build, bool(cache), check)
     return _bundle(
-        src, out.x_tr, out.y_tr, out.x_te, out.y_te, [str(i) for i in range(c)], _fingerprint(src, "v1", resolved),
-        extra={"client": (out.c_tr, out.c_te)},
+        src, a["x_tr"], a["y_tr"], a["x_te"], a["y_te"], [str(i) for i in range(c)], fingerprint,
+        extra={"client": (a["c_tr"], a["c_te"])},
         info={"source": src, "params": resolved, "client_sizes_min": int(sizes.min()),
               "client_sizes_max": int(sizes.max()), "samples": tr_rows + te_rows},
     )
