@@ -122,11 +122,11 @@ def _write_partition(
     meta = split.meta
     (tmp / DATA_DIR).mkdir(parents=True)
     pool = pa.default_memory_pool()
-    with ProgressBar(parts.num_rows, "rows", f"partition {h}: rows", enabled=progress) as bar:
+    with ProgressBar(parts.num_rows, "rows", f"partition {h}: rows", enabled=progress and parts.num_rows >= 1 << 20) as bar:
         index = write_packed(tmp, _source_table(split), parts, block_bytes=block_bytes, file_bytes=file_bytes,
                              progress=bar.update)
     pool.release_unused()  # Arrow's allocator keeps freed buffers: give the gathered groups back
-    with ProgressBar(len(parts), "clients", f"partition {h}: manifest", enabled=progress) as bar:
+    with ProgressBar(len(parts), "clients", f"partition {h}: manifest", enabled=progress and len(parts) >= 1 << 17) as bar:
         majority = write_manifest(tmp / MANIFEST_FILE, split.labels, parts, meta.num_classes, domains,
                                   index.client_block, index.client_row, h, progress=bar.update)
     pool.release_unused()
@@ -212,7 +212,7 @@ def build_partition(
     the size of record batches and files (:mod:`fedray.data.packed`; not hashed, a cache written with other
     sizes is reused). Files are not fsync'ed: the rename makes a build atomic against process crashes, not
     against power loss. ``progress``: bars over the rows and clients written when stderr is a terminal
-    (:mod:`fedray.reporting.progress`).
+    (:mod:`fedray.reporting.progress`), for partitions of a million rows or 131,072 clients and more.
     """
     resolved = resolve_spec(spec)
     split = bundle.train

@@ -178,6 +178,15 @@ def test_classes_per_client_equals_the_per_client_draws(assignment):
             assert _same(got, _classes_per_client_ref(labels, n, seed, classes, assignment)), (m, c, n, classes)
 
 
+@pytest.mark.parametrize("assignment", ["first-deterministic", "random"])
+def test_classes_per_client_beyond_numpys_floyd_limit_draws_client_by_client(assignment):
+    """10,002 classes: the class sets come from one rng.choice per client, as before (numpy's choice takes
+    another algorithm above a population of 10,000)."""
+    labels = np.repeat(np.arange(FLOYD_MAX_POP + 2), 2)
+    got = partition_indices("classes_per_client", labels, num_clients=5, seed=3, classes=2, assignment=assignment)
+    assert _same(got, _classes_per_client_ref(labels, 5, 3, 2, assignment))
+
+
 def test_natural_without_a_sort_equals_the_sorted_ids_split():
     rng = np.random.default_rng(2)
     ids = np.sort(rng.choice(np.arange(0, 5000, 3), 4000))  # runs, with gaps between the ids
