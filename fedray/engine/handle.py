@@ -90,10 +90,14 @@ class RayCoordinator:
     the ones started while the driver loaded the data; a coordinator actor that died is replaced by
     :meth:`restart` (with a new pool: its workers died with it or are killed)."""
 
+    heartbeat_s: float | None = None  # engine.heartbeat_s (None: the coordinator is not watched; :meth:`_await`)
+    _answered = False  # the current actor answered a heartbeat: it is up (its start-up is not a hang)
+
     def __init__(self, run):
         import ray
 
         self.ray, self.run = ray, run
+        self.heartbeat_s = run.cfg.engine.heartbeat_s
         self.test = InStore(ray.put(test_payload(run.bundle)))  # once per run: every restart reuses it
         self.in_flight: dict = {}  # the round the actor is running (it goes on after a Ctrl-C)
         self.restarts = 0  # coordinator actors replaced
@@ -105,7 +109,7 @@ class RayCoordinator:
         arguments, starting them first unless ``actors`` were started early."""
         actors = actors or start_actors(self.run.cfg)
         self.worker_actors, self.coord = actors.workers, actors.coord
-        self._answered = False  # a heartbeat answered: the actor is up (its start-up is not a hang)
+        self._answered = False
         spec = coordinator_spec(self.run, self.test, actors.num_workers, actors.worker_cpus, actors.worker_gpus,
                                 self.worker_actors)
         self._setups = [self.coord.setup.remote(spec),
@@ -166,7 +170,7 @@ class RayCoordinator:
         :class:`CoordinatorLost` raised, so the loop restarts it from the last checkpoint. Until the new actor
         answers its first heartbeat it is starting (its process, torch's import): that silence may last as long
         as a worker's start-up may (``WORKER_START_TIMEOUT_S``)."""
-        timeout = self.run.cfg.engine.heartbeat_s
+        timeout = self.heartbeat_s
         if timeout is None:
             return
         interval = max(0.05, min(1.0, timeout / 4))
