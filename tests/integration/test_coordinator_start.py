@@ -137,3 +137,20 @@ def test_sigterm_in_ray_s_compiled_code_stops_the_run_as_interrupted(tmp_path, p
                            progress=False, log=lambda *a: None)
     resumed = run_experiment(resume=rd.path, progress=False, log=lambda *a: None)
     assert resumed.weights_hash == clean.weights_hash and [r["round"] for r in rd.read_metrics()] == [1, 2, 3]
+
+
+def test_a_coordinator_whose_calls_were_all_short_is_still_found_hung_within_the_heartbeat(
+        tmp_path, partition_cache, ray_session, clean_hash, monkeypatch):
+    """Rounds shorter than the heartbeat's ping interval (1 s) never left a ping answered while a call was pending,
+    so the driver kept treating the coordinator as starting: one stopped in round 2 was given the start-up's
+    allowance (WORKER_START_TIMEOUT_S, 600 s; 60 s here) instead of engine.heartbeat_s."""
+    from fedray.engine import handle
+
+    monkeypatch.setattr(handle, "WORKER_START_TIMEOUT_S", 60.0)
+    logs: list[str] = []
+    cfg = small_config(tmp_path, partition_cache, **BASE, engine__heartbeat_s=4.0,
+                       engine__fault_injection={"kind": "coordinator_stop", "round": 2})
+    res = run_experiment(from_dict(cfg), progress=False, log=logs.append)
+    assert res.weights_hash == clean_hash
+    assert any("coordinator hung" in line for line in logs), logs
+    assert res.rounds_seconds < 45, res.rounds_seconds  # 4 s of silence and a restart, not the 60 s allowance
