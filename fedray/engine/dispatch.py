@@ -34,8 +34,8 @@ death are taken in is one of three :class:`OutcomeStrategy` s, chosen per task:
   in-process): while it trains one, the next waits in its actor's queue, so it starts the moment the last one
   ends instead of after the result's round trip through the coordinator (its transfer, the fold, the next
   submission). A new task goes to the worker holding the fewest. When a worker dies, its death is handled
-  once (one replacement, one restart counted) and every task it held is taken back: the earliest submitted
-  (the one it was running) is treated as above, the ones queued behind it go back to the queue unchanged,
+  once (one replacement, one restart counted) and every task it held is taken back: one whose result came in
+  before the death stands; of the others, the earliest submitted (the one it was running) is treated as above, the ones queued behind it go back to the queue unchanged,
   without a failed attempt or a ledger row. Pinned (split) tasks keep one per worker.
 - A client error that is a configuration error (``outcome.fatal``) aborts the run at once: no retry fixes it.
 - After a federated round, more dropped clients than ``engine.max_dropped_fraction`` of the sampled ones
@@ -234,7 +234,7 @@ class TaskScheduler:
                 try:
                     outs = self.pool.result(h)
                 except WorkerLost as err:
-                    self._worker_lost(widx, task, err, on_drop, label, seq)
+                    self._worker_lost(widx, task, err, on_outcome, on_drop, label, seq)
                     continue
                 self.receive_seconds += time.perf_counter() - t_get
                 if self.faults is not None:  # mid-round: tasks dispatched, nothing of this one folded yet
@@ -367,10 +367,12 @@ class TaskScheduler:
             on_drop(pos, cid)
         return False
 
-    def _worker_lost(self, widx: int, task: Task, err: WorkerLost, on_drop, label: str, seq: int = 0) -> None:
+    def _worker_lost(self, widx: int, task: Task, err: WorkerLost, on_outcome, on_drop, label: str,
+                     seq: int = 0) -> None:
         """Worker ``widx`` died. Its death is handled once: the tasks it still held (pipelining) are taken back
-        at once; the earliest submitted of them was the one running (an actor runs its tasks in order) and is
-        charged as below; the others never started and go back to the queue as they were, without a ledger row."""
+        at once. One that finished before the death (its result is in, not yet taken) stands and is taken now;
+        of the others, the earliest submitted was the one running (an actor runs its tasks in order) and is
+        charged as below; the rest never started and go back to the queue as they were, without a ledger row."""
         name = self.pool.name(widx)
         if self.policy.worker_lost(self.worker_restarts) is FailureDecision.ABORT_RUN:
             raise RunAborted(
@@ -378,13 +380,21 @@ class TaskScheduler:
                 f"restarts; last error: {err}") from err
         held_here = {w for w in self._pinned if self._owner(w, adopt=False) == widx}  # state that lived on widx
         taken = [h for h, e in self._inflight.items() if e[0] == widx]
+        done = set(self.pool.wait(taken, timeout=0)) if taken else set()
         held = [(seq, task)]
         for h in taken:
             _, queued, queued_seq = self._inflight.pop(h)
-            held.append((queued_seq, queued))
+            try:
+                if h not in done:
+                    raise WorkerLost("not finished")
+                outs = self.pool.result(h)
+            except WorkerLost:
+                held.append((queued_seq, queued))
+                continue
+            self._strategy(queued).take(self, widx, queued, outs, on_outcome, on_drop, label)
         held.sort(key=lambda st: st[0])
         if taken:
-            self.pool.cancel(taken)
+            self.pool.cancel([h for h in taken if h not in done])
         task = held[0][1]
         for _, queued in held[1:]:
             self.push(queued)

@@ -466,6 +466,30 @@ def test_a_worker_dying_with_two_tasks_is_replaced_once_and_only_the_running_tas
     assert {r.client: r.attempt for r in sched.ledger if r.failure is None}[12] == 1
 
 
+def test_a_task_that_finished_before_its_worker_died_stands_and_the_running_one_is_charged():
+    """Worker 0 finished client 10's task (its result is in, not yet taken) and then died running client 12's,
+    queued behind it; the death is seen first. Client 10's result stands (no failed attempt, no ledger failure);
+    client 12, the one running, is charged (the chaos runs once charged client 10 and re-ran it instead)."""
+
+    class FinishedFirst(PipelinedPool):
+        def result(self, h):  # only the task running at the death is lost
+            self.held[h.widx] -= 1
+            if isinstance(h.what, str) and h.what == "lost":
+                raise WorkerLost(f"w{h.widx} died")
+            return FakePool.result(self, h)
+
+    pool = FinishedFirst(size=2, behaviour=lambda widx, items, attempt: "lost" if items[0][1] == 12 and attempt == 1
+                         else "ok")
+    pool.reverse = pool.batch = True  # client 12's loss is reported before client 10's result is taken
+    sched, got, dropped = _run(pool, _tasks([10, 11, 12, 13, 14]), FailurePolicy(max_client_retries=0,
+                                                                                 max_worker_restarts=1))
+    assert [items[0][1] for w, items, _ in pool.submitted[:3]] == [10, 11, 12] and pool.submitted[2][0] == 0
+    assert dropped == [(2, 12)] and sorted(o.cid for o in got) == [10, 11, 13, 14]
+    (row,) = [r for r in sched.ledger if r.failure]
+    assert row.client == 12 and row.failure.startswith("worker lost: ")
+    assert [items[0][1] for w, items, _ in pool.submitted].count(10) == 1  # client 10 never ran again
+
+
 def test_a_pipelined_worker_lost_for_good_is_retired_once():
     """Like Ray: the dead worker's slot is retired once (ShrinkingPool asserts it is not reported lost again),
     its queued task moves to the worker left, and only the running task's client has a failed attempt."""

@@ -59,7 +59,7 @@ def test_a_hung_coordinator_is_found_by_its_heartbeat_and_restarted_from_checkpo
     goes unanswered for engine.heartbeat_s, the actor is killed and a new one goes on from the last checkpoint:
     the uninterrupted run's weights, every round once."""
     logs = []
-    cfg = small_config(tmp_path, partition_cache, **BASE, output__checkpoint_every=2, engine__heartbeat_s=1.0,
+    cfg = small_config(tmp_path, partition_cache, **BASE, output__checkpoint_every=2, engine__heartbeat_s=3.0,
                        engine__fault_injection={"kind": "coordinator_stop", "round": 3})
     res = run_experiment(from_dict(cfg), progress=False, log=logs.append)
     assert res.weights_hash == clean_hash

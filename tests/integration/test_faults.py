@@ -50,7 +50,7 @@ def test_a_hung_worker_is_found_by_its_heartbeat_replaced_and_the_result_identic
     k = base.get("train__clients_per_round", 4)
     clean = _run(make(tmp_path / "clean", partition_cache, **base))
     cid = [int(c) for c in np.random.default_rng([0, 2]).choice(100, size=k, replace=False)][1]
-    faulty = _run(make(tmp_path / "hung", partition_cache, **base, engine__heartbeat_s=1.0,
+    faulty = _run(make(tmp_path / "hung", partition_cache, **base, engine__heartbeat_s=3.0,
                        engine__fault_injection={"kind": "stop", "round": 2, "client": cid}))
     assert faulty.weights_hash == clean.weights_hash
     assert faulty.rounds[1]["worker_restarts"] >= 1 and faulty.rounds[1]["dropped"] == []
