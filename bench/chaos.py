@@ -226,8 +226,9 @@ def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Att
         if f.write and f.attempt == attempt and not f.fired and not a.hung:
             action = f.write.rsplit("=", 1)[1]
             f.fired = ((action == "enospc" and f"injected by {FAULT_ENV}" in a.tail)
-                       or (action == "sigkill" and a.rc == -signal.SIGKILL and not _external(s, attempt))
-                       or (action == "sigterm" and a.rc in (130, 15, -signal.SIGTERM) and not _external(s, attempt)))
+                       or (action == "sigkill" and a.rc == -signal.SIGKILL and not _external(s, attempt, "sigkill"))
+                       or (action == "sigterm" and a.rc in (130, 15, -signal.SIGTERM)
+                           and not _external(s, attempt, "sigterm")))
     if s.disk is not None:
         for p in s.disk.glob("filler*"):
             p.unlink()  # space is back for the resume
@@ -236,8 +237,9 @@ def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Att
     return a
 
 
-def _external(s: Schedule, attempt: int) -> bool:
-    return any(f.fired and f.kind.startswith("driver_") and f.attempt == attempt for f in s.faults)
+def _external(s: Schedule, attempt: int, sig: str) -> bool:
+    """Whether the harness sent driver ``attempt`` that signal itself (then its end proves no write fault)."""
+    return any(f.fired and f.kind == f"driver_{sig}" and f.attempt == attempt for f in s.faults)
 
 
 # ------------------------------------------------------------------------------------------- the promise
