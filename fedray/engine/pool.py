@@ -370,8 +370,8 @@ class RayPool:
 @functools.lru_cache(maxsize=None)
 def _ray_worker_class():
     """``ClientWorker`` as a Ray actor class, with ``ping`` in a concurrency group of its own (one thread): the
-    heartbeat of :meth:`RayPool.check_heartbeats`; the work stays on the default group's single thread, in
-    submission order."""
+    heartbeat of :meth:`RayPool.check_heartbeats`; the work stays on the default group's single thread, one task
+    at a time (not always in submission order: see docs/engine.md, "A worker hangs")."""
     import ray
 
     class RayClientWorker(ClientWorker):

@@ -57,7 +57,8 @@ def test_a_hung_worker_is_found_by_its_heartbeat_replaced_and_the_result_identic
     ledger = RunDir(faulty.run_dir).read_ledger().to_pylist()
     hung = [r for r in ledger if r["failure"] and "worker hung" in r["failure"]]
     assert hung and all(r["round"] == 2 for r in hung) and "engine.heartbeat_s" in hung[0]["failure"]
-    assert cid in {r["client"] for r in hung}
+    # which of the worker's queued tasks was running is not known for sure: with the heartbeat's concurrency group
+    # Ray may start a later task first (docs/engine.md), so the charged client may be another of its queue
 
 
 @pytest.mark.ray
