@@ -19,6 +19,7 @@ import pytest
 from fedray.core.errors import DiskFull
 from fedray.core.io import FAULT_ENV, is_temp_name
 from fedray.reporting.rundir import RunDir
+from bench.chaos_faults import mount_tmpfs
 from tests.helpers import ROOT, run_quiet, small_config, write_tiny_config
 
 
@@ -193,16 +194,6 @@ def test_a_second_signal_that_exits_the_driver_still_records_the_interruption(tm
 
 
 # ------------------------------------------------------------------------------------------ a real full disk
-def _mount_tmpfs(where: Path, size: str) -> bool:
-    where.mkdir(parents=True, exist_ok=True)
-    try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
-                           timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
-
-
 def _fill(path: Path) -> None:
     """Write zeros into ``path`` until the file system is full."""
     with open(path, "wb", buffering=0) as f:
@@ -221,7 +212,7 @@ def test_a_disk_that_fills_up_mid_run_fails_it_loudly_and_resume_reaches_the_bit
     run.json still says failed, in the room of the reserve the run directory keeps for that; round 1's checkpoint
     stays the one resumed from."""
     disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, "16m"):
+    if not mount_tmpfs(disk, "16m"):
         pytest.skip("cannot mount a tmpfs here (not root); the injected ENOSPC tests above cover the writes")
     try:
         cfg = _cfg(disk, partition_cache, output__checkpoint_every=1)
