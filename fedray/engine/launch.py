@@ -241,18 +241,25 @@ class EarlyStart:
     def check(self, cfg, meta) -> None:
         """The config's checks that need the registries (:func:`fedray.plugins.check_run`), made by the
         coordinator actor as its first call, so that the driver does not import torch for them. Its
-        ConfigError is raised here as one. A coordinator actor that dies first (killed, OOM) is started again with
-        new workers, within ``engine.max_coordinator_restarts``, as one that dies in a round; past that the run
-        stops (:class:`~fedray.engine.dispatch.RunAborted`)."""
+        ConfigError is raised here as one. A coordinator actor that dies first (killed, OOM), or does not answer
+        within a start's allowance (``WORKER_START_TIMEOUT_S``: stopped, deadlocked), is started again with new
+        workers, within ``engine.max_coordinator_restarts``, as one that dies in a round; past that the run stops
+        (:class:`~fedray.engine.dispatch.RunAborted`)."""
         actors = self.result()
         import ray
         from ray import exceptions as rex
 
+        from fedray.engine import pool
+
         limit = int(cfg.engine.max_coordinator_restarts)
         for attempt in range(limit + 1):
-            try:
-                ray.get(actors.coord.check.remote(cfg, meta))
+            try:  # the first call of a new actor: as long as a start may take (torch's import), not for ever
+                ray.get(actors.coord.check.remote(cfg, meta), timeout=pool.WORKER_START_TIMEOUT_S)
                 return
+            except rex.GetTimeoutError as e:  # stopped or deadlocked while it started: as if it died
+                reason = (f"it did not answer its first call within {pool.WORKER_START_TIMEOUT_S:g} s (hung while "
+                          f"starting); killed")
+                err: Exception = e
             except rex.RayTaskError as e:
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, ConfigError):
@@ -262,15 +269,16 @@ class EarlyStart:
                 raise
             except rex.RayActorError as e:
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                if attempt == limit:
-                    from fedray.engine.dispatch import RunAborted
+                err = e
+            if attempt == limit:
+                from fedray.engine.dispatch import RunAborted
 
-                    raise RunAborted(f"the coordinator died while starting, {attempt + 1} time(s) (engine."
-                                     f"max_coordinator_restarts={limit}): {reason}") from e
-                self.log(f"[fedray] coordinator lost while starting ({reason}); starting the run's actors again "
-                         f"({attempt + 1}/{limit})")
-                actors.kill(ray)
-                self.actors = actors = start_actors(self.cfg)
+                raise RunAborted(f"the coordinator died while starting, {attempt + 1} time(s) (engine."
+                                 f"max_coordinator_restarts={limit}): {reason}") from err
+            self.log(f"[fedray] coordinator lost while starting ({reason}); starting the run's actors again "
+                     f"({attempt + 1}/{limit})")
+            actors.kill(ray)
+            self.actors = actors = start_actors(self.cfg)
 
     def abort(self) -> None:
         """The run stopped before it used the actors: kill them (they hold CPUs on a shared cluster)."""

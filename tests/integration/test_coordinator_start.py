@@ -154,3 +154,40 @@ def test_a_coordinator_whose_calls_were_all_short_is_still_found_hung_within_the
     assert res.weights_hash == clean_hash
     assert any("coordinator hung" in line for line in logs), logs
     assert res.rounds_seconds < 45, res.rounds_seconds  # 4 s of silence and a restart, not the 60 s allowance
+
+
+def test_a_coordinator_stopped_before_its_first_call_is_replaced_after_the_start_allowance(
+        tmp_path, partition_cache, ray_session, clean_hash, monkeypatch):
+    """Found by bench/chaos.py (the coordinator SIGSTOPped in start-up): the early start's check waited on it with no
+    limit. It now waits as long as a start may take (WORKER_START_TIMEOUT_S; 40 s here), then replaces the actors."""
+    import os
+    import signal
+
+    from fedray.engine import pool
+
+    monkeypatch.setattr(pool, "WORKER_START_TIMEOUT_S", 40.0)  # a new actor answers well within it
+    real = launch.EarlyStart.check
+    stopped = []
+
+    def stop_first(self, cfg, meta):
+        if not stopped:
+            coord = self.result().coord
+            stopped.append(ray_session.get(coord.__ray_call__.remote(lambda actor: os.getpid())))
+            os.kill(stopped[0], signal.SIGSTOP)
+        return real(self, cfg, meta)
+
+    monkeypatch.setattr(launch.EarlyStart, "check", stop_first)
+    # without the fix the check waits for ever: after 240 s the stopped process is killed, which ends that wait
+    # (and fails the test: the check never says it gave up)
+    import threading
+
+    watchdog = threading.Timer(240.0, lambda: stopped and os.kill(stopped[0], signal.SIGKILL))
+    watchdog.start()
+    logs: list[str] = []
+    try:
+        res = run_experiment(from_dict(small_config(tmp_path, partition_cache, **BASE)), progress=False,
+                             log=logs.append)
+    finally:
+        watchdog.cancel()
+    assert res.weights_hash == clean_hash and stopped
+    assert any("did not answer its first call within 40 s" in line for line in logs), logs
