@@ -48,16 +48,22 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
+import chaos_records  # noqa: E402
 from chaos_faults import KINDS, Fault, Target, mount_tmpfs, unmount, write_spec  # noqa: E402
 
-from fedray.core.io import FAULT_ENV, is_temp_name  # noqa: E402
+from fedray.core.io import FAULT_ENV, FAULT_LOG_ENV, is_temp_name  # noqa: E402
 from fedray.core.owner import read_run_status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TAG_ENV = "FEDRAY_CHAOS_TAG"
 ROUNDS = 4
 VARIANTS = {"federated": {}, "fold_group": {"engine": {"fold_group": 2}},
-            "multi_client": {"engine": {"multi_client": 2}}}
+            "multi_client": {"engine": {"multi_client": 2}},
+            # the split program: SCALA's server step every local iteration, on the CNN with split points
+            "split": {"model": {"name": "cnn_taps"},
+                      "algorithm": {"name": "scala", "params": {"local_iters": 2, "batch_size": 40}}}}
+#: the variants drawn unless --variants names others (those of the first figures in docs/reliability.md)
+DEFAULT_VARIANTS = ["federated", "fold_group", "multi_client"]
 
 
 def experiment(variant: str, root: Path, cache: Path, rounds: int = ROUNDS, checkpoint_every: int = 1) -> dict:
@@ -111,7 +117,7 @@ class Outcome:
 # ------------------------------------------------------------------------------------------- processes
 def driver_env(tag: str, scratch: Path) -> dict:
     """A driver's environment: no fault, no outside Ray, its own TMPDIR and RAY_TMPDIR, and the schedule's tag."""
-    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, "RAY_ADDRESS")}
+    env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_LOG_ENV, "RAY_ADDRESS")}
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     env.update({"TQDM_DISABLE": "1", "FEDRAY_NO_WARM": "1", "RAY_USAGE_STATS_ENABLED": "0", TAG_ENV: tag,
                 "RAY_TMPDIR": str(scratch / "ray"), "TMPDIR": str(scratch / "tmp"),
@@ -207,10 +213,10 @@ def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Att
     cmd += ["--resume", str(s.run_dir)] if command == "resume" else [str(s.config)]
     cmd += ["--overwrite"] if command == "overwrite" else []
     env = driver_env(s.tag, s.scratch)
+    log = s.scratch / f"driver-{attempt}.log"
     spec = write_spec(s.faults, attempt)
     if spec:
-        env[FAULT_ENV] = spec
-    log = s.scratch / f"driver-{attempt}.log"
+        env[FAULT_ENV], env[FAULT_LOG_ENV] = spec, str(log.with_suffix(".faults"))
     t0 = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -222,24 +228,18 @@ def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Att
                 proc.wait()
     a.rc, a.seconds = proc.returncode, time.monotonic() - t0
     a.tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-6:])
-    for f in s.faults:  # a write fault struck when its driver ended the way that fault ends one (not killed as hung)
-        if f.write and f.attempt == attempt and not f.fired and not a.hung:
-            action = f.write.rsplit("=", 1)[1]
-            f.fired = ((action == "enospc" and f"injected by {FAULT_ENV}" in a.tail)
-                       or (action == "sigkill" and a.rc == -signal.SIGKILL and not _external(s, attempt, "sigkill"))
-                       or (action == "sigterm" and a.rc in (130, 15, -signal.SIGTERM)
-                           and not _external(s, attempt, "sigterm")))
+    faults_log = log.with_suffix(".faults")  # the write faults that struck, as fedray's write helper logged them
+    struck = Counter(faults_log.read_text().split()) if faults_log.is_file() else Counter()
+    for f in s.faults:
+        if f.write and f.attempt == attempt and not f.fired and struck.get(f.write, 0) > 0:
+            struck[f.write] -= 1
+            f.fired = True
     if s.disk is not None:
         for p in s.disk.glob("filler*"):
             p.unlink()  # space is back for the resume
     if (s.run_dir / "run.json").is_file():
         _, a.status, a.reason = read_run_status(s.run_dir)
     return a
-
-
-def _external(s: Schedule, attempt: int, sig: str) -> bool:
-    """Whether the harness sent driver ``attempt`` that signal itself (then its end proves no write fault)."""
-    return any(f.fired and f.kind == f"driver_{sig}" and f.attempt == attempt for f in s.faults)
 
 
 # ------------------------------------------------------------------------------------------- the promise
@@ -301,18 +301,21 @@ def _loud(a: Attempt) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------- one schedule
-def plan(seed: int, index: int, variants: list[str], kinds: list[str], max_faults: int) -> tuple[str, list[Fault], int]:
-    """Schedule ``index`` of ``seed``: (program variant, faults, output.checkpoint_every)."""
+def plan(seed: int, index: int, variants: list[str], kinds: list[str], max_faults: int,
+         min_faults: int = 1) -> tuple[str, list[Fault], int]:
+    """Schedule ``index`` of ``seed``: (program variant, faults, output.checkpoint_every): ``min_faults`` to
+    ``max_faults`` faults (with ``min_faults=1`` the draws of the first harness, so its schedules replay)."""
     rng = random.Random(f"chaos:{seed}:{index}")
     variant = rng.choice(variants)
     every = rng.choice([1, 1, 2])
     checkpoints = len({min(r, ROUNDS) for r in range(every, ROUNDS + every, every)})
-    faults = [KINDS[rng.choice(kinds)].plan(rng, ROUNDS, checkpoints) for _ in range(rng.randint(1, max_faults))]
+    n = rng.randint(min_faults, max_faults)
+    faults = [KINDS[rng.choice(kinds)].plan(rng, ROUNDS, checkpoints) for _ in range(n)]
     return variant, faults, every
 
 
 def run_schedule(ctx: Context, index: int) -> Outcome:
-    variant, faults, every = plan(ctx.seed, index, ctx.variants, ctx.kinds, ctx.max_faults)
+    variant, faults, every = plan(ctx.seed, index, ctx.variants, ctx.kinds, ctx.max_faults, ctx.min_faults)
     out = Outcome(index, variant, faults)
     tag = uuid.uuid4().hex[:10]
     scratch = Path(tempfile.mkdtemp(prefix=f"fc-{tag[:6]}-", dir="/tmp"))  # short: Ray's socket paths
@@ -356,11 +359,13 @@ def _drive(ctx: Context, s: Schedule, out: Outcome) -> None:
     """Drivers until one exits 0 (then the promise is checked), a resume is refused for another reason than a
     missing checkpoint, or the attempts run out. A resume refused for want of a checkpoint (killed before the first
     one) is followed by what its message says: ``--overwrite``, which must reach the same bits."""
-    limit = 2 + len(s.faults) + sum(1 for f in s.faults if f.attempt > 0)
+    limit = 2 + len(s.faults) * (1 + ctx.carry) + sum(1 for f in s.faults if f.attempt > 0)
     command = "run"
     for attempt in range(limit):
         a = run_driver(s, attempt, command, ctx.timeout_s)
         out.attempts.append(a)
+        if a.rc != 0:
+            carry_over(s.faults, attempt, ctx.carry)
         if a.hung:
             out.problems.append(f"driver {attempt} still ran after {ctx.timeout_s:.0f} s (hung); killed")
         if a.rc == 0:
@@ -382,6 +387,14 @@ def _drive(ctx: Context, s: Schedule, out: Outcome) -> None:
     out.problems.append(f"no driver finished the run in {limit} tries")
 
 
+def carry_over(faults: list[Fault], attempt: int, times: int) -> None:
+    """Driver ``attempt`` ended non-zero (another follows): its faults that did not strike (it ended before their
+    moment or write came) move to the next driver, each at most ``times`` times in all."""
+    for f in faults:
+        if f.attempt == attempt and not f.fired and f.carried < times:
+            f.attempt, f.carried, f.due = attempt + 1, f.carried + 1, None
+
+
 # ------------------------------------------------------------------------------------------- the harness
 @dataclass
 class Context:
@@ -394,6 +407,9 @@ class Context:
     timeout_s: float = 300.0
     keep: bool = False
     references: dict[str, str] = field(default_factory=dict)
+    min_faults: int = 1
+    carry: int = 0  # times a fault that did not strike moves on to the next driver (0: the first harness's rule)
+    mode: str = "one-node"  # one-node: a private local Ray per driver
 
 
 def reference(ctx: Context, variant: str) -> str:
@@ -428,42 +444,9 @@ def available_kinds(names: list[str] | None) -> list[str]:
 
 
 def summarize(outcomes: list[Outcome]) -> dict:
-    planned = Counter(f.kind for o in outcomes for f in o.faults)
-    injected = Counter(f.kind for o in outcomes for f in o.faults if f.fired)
-    endings = Counter(o.ending for o in outcomes)
-    problems = Counter(p.split(":")[0] for o in outcomes for p in o.problems)
-    return {
-        "schedules": len(outcomes), "variants": dict(Counter(o.variant for o in outcomes)),
-        "faults_planned": sum(planned.values()), "faults_injected": sum(injected.values()),
-        "by_kind": {k: [injected.get(k, 0), planned[k]] for k in sorted(planned)},
-        "drivers": sum(len(o.attempts) for o in outcomes),
-        "identical": endings.get("identical", 0),
-        "identical_after_loud_failures": sum(1 for o in outcomes if o.ending == "identical" and o.loud_failures),
-        "loud_failures_resumed": sum(o.loud_failures for o in outcomes if o.ending == "identical"),
-        "started_over": sum(o.started_over for o in outcomes),
-        "other_bits": endings.get("other bits", 0), "refused": endings.get("refused", 0),
-        "unfinished": endings.get("unfinished", 0),
-        "leaked_processes": sum(len(o.leaked) for o in outcomes),
-        "violations": sum(1 for o in outcomes if o.problems), "problem_kinds": dict(problems),
-        "seconds": round(sum(o.seconds for o in outcomes), 1),
-    }
-
-
-def print_figures(fig: dict, seed: int) -> None:
-    kinds = ", ".join(f"{k} {i}/{p}" for k, (i, p) in fig["by_kind"].items())
-    print(f"""
-chaos figures (seed {seed})
-  schedules run                         {fig['schedules']} ({', '.join(f'{k} {v}' for k, v in fig['variants'].items())})
-  faults injected / planned             {fig['faults_injected']} / {fig['faults_planned']}: {kinds}
-  driver processes                      {fig['drivers']}
-  bit-identical endings                 {fig['identical']} of {fig['schedules']}
-    of which after loud failures        {fig['identical_after_loud_failures']} ({fig['loud_failures_resumed']} loud failures resumed)
-    resumes refused, no checkpoint yet  {fig['started_over']} (then `fedray run --overwrite`, as the refusal says)
-  ended with other bits (silent)        {fig['other_bits']}
-  resume refused / never finished       {fig['refused']} / {fig['unfinished']}
-  processes leaked                      {fig['leaked_processes']}
-  schedules with any violation          {fig['violations']} {fig['problem_kinds'] or ''}
-  wall time                             {fig['seconds']:.0f} s""")
+    """The figures of ``outcomes`` (as their records would give them: bench/chaos_records.py)."""
+    return chaos_records.summarize([chaos_records.make_record(o, mode="one-node", seed=0, settings={}, commit="")
+                                    for o in outcomes])
 
 
 def describe(o: Outcome) -> str:
@@ -473,42 +456,82 @@ def describe(o: Outcome) -> str:
     return f"{o.variant}: {faults} | {drivers} | {o.ending}, {o.seconds:.0f} s"
 
 
-def run(ctx: Context, indices: list[int], log=print) -> list[Outcome]:
-    for v in sorted({plan(ctx.seed, i, ctx.variants, ctx.kinds, ctx.max_faults)[0] for i in indices}):
+def settings(ctx: Context) -> dict:
+    """What a schedule's plan and run depend on besides its seed and index (part of its key in a results file)."""
+    return {"variants": ctx.variants, "kinds": ctx.kinds, "min_faults": ctx.min_faults,
+            "max_faults": ctx.max_faults, "carry": ctx.carry, "rounds": ROUNDS}
+
+
+def run(ctx: Context, indices: list[int], log=print, results: Path | None = None) -> list[Outcome]:
+    """Run schedules ``indices`` of the seed; with ``results``, append each one's record as it finishes."""
+    for v in sorted({plan(ctx.seed, i, ctx.variants, ctx.kinds, ctx.max_faults, ctx.min_faults)[0]
+                     for i in indices}):
         if v not in ctx.references:
             ctx.references[v] = reference(ctx, v)
             log(f"[chaos] fault-free {v} run: weights {ctx.references[v]}")
+    commit = chaos_records.git_commit()
     outcomes = []
     for n, i in enumerate(indices, start=1):
         o = run_schedule(ctx, i)
         outcomes.append(o)
         log(f"[chaos] {n}/{len(indices)} schedule {i} {describe(o)}")
         for p in o.problems:
-            log(f"[chaos]   VIOLATION: {p}\n[chaos]   replay: python bench/chaos.py --seed {ctx.seed} --only {i}")
+            log(f"[chaos]   VIOLATION: {p}\n[chaos]   replay: python bench/chaos.py {replay_args(ctx)} --only {i}")
+        if results is not None:
+            chaos_records.append(results, chaos_records.make_record(o, mode=ctx.mode, seed=ctx.seed,
+                                                                   settings=settings(ctx), commit=commit))
     return outcomes
+
+
+def replay_args(ctx: Context) -> str:
+    kinds = "" if ctx.kinds == available_kinds(None) else f" --kinds {','.join(ctx.kinds)}"
+    return (f"--seed {ctx.seed} --variants {','.join(ctx.variants)} --min-faults {ctx.min_faults} "
+            f"--max-faults {ctx.max_faults} --carry {ctx.carry}{kinds}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--schedules", type=int, default=20)
+    ap.add_argument("--first", type=int, default=0, help="the first schedule index (a shard: FIRST..FIRST+N-1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", type=int, nargs="+", help="run these schedule numbers of the seed (a replay)")
     ap.add_argument("--kinds", help=f"comma-separated fault kinds to draw from (default: {', '.join(available_kinds(None))})")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="program variants to draw from")
-    ap.add_argument("--max-faults", type=int, default=3)
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"program variants to draw from (known: {', '.join(VARIANTS)})")
+    ap.add_argument("--min-faults", type=int, default=2)
+    ap.add_argument("--max-faults", type=int, default=6)
+    ap.add_argument("--carry", type=int, default=2, help="times a fault whose driver ended before it struck moves "
+                                                         "on to the next driver (0: never)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a driver may run before it counts as hung")
     ap.add_argument("--workdir", help="where the runs go (default: a temporary directory, removed)")
     ap.add_argument("--keep", action="store_true", help="keep every schedule's run directory and driver logs")
     ap.add_argument("--json", help="write the figures and every schedule's outcome to this file")
+    ap.add_argument("--results", help="append one JSON line per finished schedule to this file (shards accumulate; "
+                                      "a schedule already in it is refused)")
+    ap.add_argument("--report", nargs="+", metavar="FILE", help="print the figures of these results files; run nothing")
     args = ap.parse_args(argv)
+    if args.report:
+        return chaos_records.report([Path(p) for p in args.report])
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"chaos: unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fedray-chaos-"))
     ctx = Context(args.seed, workdir, workdir / "partitions", args.variants.split(","),
                   available_kinds(args.kinds.split(",") if args.kinds else None), args.max_faults, args.timeout,
-                  args.keep)
-    print(f"[chaos] seed {args.seed}: kinds {', '.join(ctx.kinds)}; variants {', '.join(ctx.variants)}; in {workdir}")
-    outcomes = run(ctx, args.only or list(range(args.schedules)))
+                  args.keep, min_faults=args.min_faults, carry=args.carry)
+    indices = args.only or list(range(args.first, args.first + args.schedules))
+    results = Path(args.results) if args.results else None
+    if results is not None:
+        held = {chaos_records.key(r) for r in chaos_records.read([results])}
+        again = [i for i in indices if (ctx.mode, ctx.seed, i, chaos_records.plan_digest(settings(ctx))) in held]
+        if again:
+            raise SystemExit(f"chaos: {results} already holds schedule(s) {again} of seed {ctx.seed} with these "
+                             f"settings; run other indices (--first) or another seed")
+    print(f"[chaos] seed {args.seed}: kinds {', '.join(ctx.kinds)}; variants {', '.join(ctx.variants)}; "
+          f"schedules {indices[0]}..{indices[-1]}; in {workdir}")
+    outcomes = run(ctx, indices, results=results)
     fig = summarize(outcomes)
-    print_figures(fig, args.seed)
+    print(f"\nchaos figures (seed {args.seed}, schedules {indices[0]}..{indices[-1]})\n{chaos_records.table(fig)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"figures": fig, "outcomes": [asdict(o) for o in outcomes]}, indent=1,
                                               default=str) + "\n")

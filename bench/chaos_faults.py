@@ -49,6 +49,7 @@ class Fault:
     pick: int = 0  # seeds the choice of the process or file acted on
     fired: bool = False
     note: str = ""  # what was done (the process, the file)
+    carried: int = 0  # times it moved on to the next driver, its own having ended before it struck
     due: float | None = field(default=None, repr=False)  # monotonic time it fires at, once its rows are in
 
     def describe(self) -> str:

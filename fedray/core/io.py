@@ -15,7 +15,8 @@ separated by ``,``) acts on the N-th write (1-based, counted per process from it
 matches ``GLOB`` (``fnmatch``: ``ckpt-*.npz``, ``metrics.jsonl``, ``round-*.parquet``, ``run.json``), in the
 middle of that write (the temporary file holds its content, or half of the appended bytes are written):
 ``enospc`` raises the disk-full error a full disk gives there; ``sigterm``, ``sigint`` and ``sigkill`` send this
-process that signal.
+process that signal. With ``FEDRAY_FAULT_WRITE_LOG=FILE`` each fault that strikes first appends its entry
+(``GLOB@N=ACTION``) to FILE, so the harness knows which of several planned faults struck.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from typing import BinaryIO, Iterator
 
 from fedray.core.errors import DiskFull
 
-__all__ = ["FAULT_ENV", "LockHeld", "append_bytes", "atomic_writer", "atomic_write_bytes", "atomic_write_text",
-           "exclusive_lock", "is_temp_name"]
+__all__ = ["FAULT_ENV", "FAULT_LOG_ENV", "LockHeld", "append_bytes", "atomic_writer", "atomic_write_bytes",
+           "atomic_write_text", "exclusive_lock", "is_temp_name"]
 
 FAULT_ENV = "FEDRAY_FAULT_WRITE"
+FAULT_LOG_ENV = "FEDRAY_FAULT_WRITE_LOG"
 _FAULT_ACTIONS = ("enospc", "sigterm", "sigint", "sigkill")
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _counts: dict[str, int] = {}
@@ -69,6 +71,12 @@ def _injected_fault(path: Path) -> None:
     for glob, n, action in spec:
         if seen.get(glob) != n:
             continue
+        if os.environ.get(FAULT_LOG_ENV):
+            fd = os.open(os.environ[FAULT_LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, f"{glob}@{n}={action}\n".encode())
+            finally:
+                os.close(fd)
         if action == "enospc":
             raise OSError(errno.ENOSPC, f"No space left on device (injected by {FAULT_ENV})", str(path))
         os.kill(os.getpid(), getattr(signal, action.upper()))

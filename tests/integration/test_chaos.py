@@ -108,3 +108,53 @@ def test_a_seeded_subset_of_chaos_schedules_keeps_the_promise(tmp_path, partitio
     assert fig["leaked_processes"] == 0, report
     fired = {f.kind for o in outcomes for f in o.faults if f.fired}
     assert {"enospc", "worker_sigstop", "coordinator_sigkill"} <= fired, report
+
+
+def test_results_accumulate_once_per_schedule_and_report_the_figures(tmp_path, capsys):
+    """Shards append one whole record per schedule; a schedule already recorded is refused (before a shard starts
+    and under the lock); --report counts every file's records and refuses a torn line or a schedule twice."""
+    from bench import chaos_records as cr
+    from bench.chaos import Attempt, Outcome, main
+    from bench.chaos_faults import Fault
+
+    def outcome(i: int, fired: bool, ending: str = "identical") -> Outcome:
+        o = Outcome(i, "federated", [Fault("driver_sigkill", fired=fired), Fault("enospc", write="latest@1=enospc")])
+        o.attempts = [Attempt(0, "run", rc=-9, status="killed"), Attempt(1, "resume", rc=0, status="finished")]
+        o.ending = ending
+        return o
+
+    settings = {"variants": ["federated"], "max_faults": 6}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    cr.append(a, cr.make_record(outcome(0, True), mode="one-node", seed=3, settings=settings, commit="x"))
+    cr.append(a, cr.make_record(outcome(1, False), mode="one-node", seed=3, settings=settings, commit="x"))
+    cr.append(b, cr.make_record(outcome(2, True, "other bits"), mode="one-node", seed=3, settings=settings,
+                                commit="x"))
+    with pytest.raises(cr.DuplicateSchedule):
+        cr.append(a, cr.make_record(outcome(1, True), mode="one-node", seed=3, settings=settings, commit="x"))
+    # the same index under other settings is another schedule
+    cr.append(a, cr.make_record(outcome(1, True), mode="one-node", seed=3, settings={}, commit="x"))
+    assert len(a.read_text().splitlines()) == 3
+
+    fig = cr.summarize(cr.read([a, b]))
+    assert (fig["schedules"], fig["faults_planned"], fig["faults_injected"]) == (4, 8, 3)
+    assert fig["identical"] == 3 and fig["other_bits"] == 1 and fig["loud_failures_resumed"] == 3
+    assert main(["--report", str(a), str(b)]) == 0
+    assert "| schedules | 4 (plain 4) |" in capsys.readouterr().out
+
+    shutil.copy(a, tmp_path / "again.jsonl")
+    with pytest.raises(SystemExit, match="twice"):
+        main(["--report", str(a), str(tmp_path / "again.jsonl")])
+    with open(b, "a") as f:
+        f.write('{"v": 1, "mode": "one-n')
+    with pytest.raises(SystemExit, match="not a whole chaos record"):
+        main(["--report", str(b)])
+    # a shard asking for a schedule already recorded with its settings is refused before it runs anything
+    from bench.chaos import settings as settings_of
+
+    ctx = Context(seed=3, workdir=tmp_path / "w", cache=tmp_path / "c", variants=["federated"],
+                  kinds=["driver_sigkill"], max_faults=6, min_faults=2, carry=2)
+    cr.append(b.with_name("c.jsonl"), cr.make_record(outcome(1, True), mode="one-node", seed=3,
+                                                     settings=settings_of(ctx), commit="x"))
+    with pytest.raises(SystemExit, match=r"already holds schedule\(s\) \[1\]"):
+        main(["--seed", "3", "--first", "0", "--schedules", "2", "--results", str(b.with_name("c.jsonl")),
+              "--variants", "federated", "--kinds", "driver_sigkill", "--workdir", str(tmp_path / "w")])
