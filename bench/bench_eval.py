@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(rounds: int, every: int, workers: int, out: str) -> dict:
     from fedray.config import load_config
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     cfg = load_config(ROOT / "jobs" / "configs" / "demo.yaml",
                       [f"train.rounds={rounds}", f"eval.every={every}", f"engine.num_workers={workers}",

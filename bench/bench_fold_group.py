@@ -68,7 +68,7 @@ def config(workload: str, g: int, workers: int, rounds: int, out: str) -> dict:
 
 def measure(workload: str, g: int, workers: int, rounds: int) -> dict:
     from fedray.config import from_dict
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     out = tempfile.mkdtemp(prefix=f"fedray-bench-fg-{workload}-")
     res = run_experiment(from_dict(config(workload, g, workers, rounds, out)), progress=False,

@@ -78,7 +78,7 @@ def make_cfg(rounds: int, workdir: Path, extra: list[str]):
 
 # ------------------------------------------------------------------------------------------- fedray
 def run_fedray(rounds: int, workdir: Path, extra: list[str]) -> dict:
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     cfg = make_cfg(rounds, workdir, extra)
     res = run_experiment(cfg, progress=False, log=lambda *a: None, overwrite=True)
@@ -102,7 +102,7 @@ def run_fedray(rounds: int, workdir: Path, extra: list[str]) -> dict:
 def run_loop(rounds: int, workdir: Path) -> dict:
     """SCALA in plain PyTorch, one process, one thread (same data, clients, B_k and model as fedray)."""
     from fedray.data.loader import to_float
-    from fedray.engine.setup import prepare_data
+    from fedray.driver.setup import prepare_data
     from fedray.engine.split_layout import batch_plan, batch_sizes
     from fedray.losses import label_prior, logit_adjusted_ce
     from fedray.models.registry import build_model

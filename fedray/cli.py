@@ -89,7 +89,7 @@ def process_start() -> float:
 
 def run_command(args, t0: float | None = None, log=print):
     """The work of ``fedray run`` (``args`` from :func:`build_parser`, with a CONFIG or ``--resume``): the
-    :class:`~fedray.engine.runner.RunResult`. ``bench/workload_fedray.py`` runs the same code."""
+    :class:`~fedray.driver.runner.RunResult`. ``bench/workload_fedray.py`` runs the same code."""
     from fedray.config import load_config
 
     cfg = None
@@ -117,7 +117,7 @@ def run_with_early_start(cfg, resume=None, *, t0: float | None, address: str | N
                          log=print, **run_kw):
     """Begin Ray's early start (Ray and the run's actors, in the background), then import the runner and
     run: ``fedray run`` and ``jobs.train`` (``ray job submit``). Nothing before the early start imports
-    torch, nor anything after it on a Ray run (tests/test_cli_imports.py). ``run_kw``: more of :func:`~fedray.engine.runner.run_experiment`'s.
+    torch, nor anything after it on a Ray run (tests/test_cli_imports.py). ``run_kw``: more of :func:`~fedray.driver.runner.run_experiment`'s.
 
     First, before anything starts, the run directory of a new run (:func:`fedray.reporting.claim.check_run_dir`):
     one that holds this config's finished run returns a :class:`FinishedRun`; one that holds another run
@@ -128,10 +128,10 @@ def run_with_early_start(cfg, resume=None, *, t0: float | None, address: str | N
         path = run_dir_of(cfg)
         if not check_run_dir(path, cfg, overwrite=run_kw.get("overwrite", False), finished_ok=True):
             return FinishedRun(path)
-    from fedray.engine.launch import early_start
+    from fedray.driver.launch import early_start
 
     early = early_start(cfg, resume, address, warm=warm, log=log, t0=t0)
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     return run_experiment(cfg, resume=resume, ray_address=address, warm=warm, early=early, t0=t0, log=log,
                           **run_kw)
@@ -204,7 +204,7 @@ def _cmd_show(args) -> int:
 def _cmd_partition(args) -> int:
     from fedray.config import load_config
     from fedray.data.stats import format_summary, partition_summary, plot_label_distribution
-    from fedray.engine.setup import prepare_data
+    from fedray.driver.setup import prepare_data
 
     from fedray.plugins import check_driver
 

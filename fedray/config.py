@@ -373,7 +373,7 @@ def _positive(path: str, value, allow_zero=False):
 
 
 def validate_config(cfg: ExperimentConfig) -> None:
-    """Checks that do not need the data or the registries loaded (those run in engine.setup.setup_run), section
+    """Checks that do not need the data or the registries loaded (those run in driver.setup.setup_run), section
     by section, in this order: train and data, eval, engine, output."""
     _validate_train_data(cfg)
     _validate_eval(cfg)

@@ -2,7 +2,7 @@
 
 The registries (algorithms, models, augmentations) import torch, so they are imported where they are checked:
 a Ray run's driver imports none of them and has its coordinator actor run :func:`check_run` instead
-(:meth:`fedray.engine.launch.EarlyStart.check`)."""
+(:meth:`fedray.driver.launch.EarlyStart.check`)."""
 
 from __future__ import annotations
 

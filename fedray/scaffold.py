@@ -104,7 +104,7 @@ def test_the_loss_is_eq_1():
 
 def test_two_rounds_train(tmp_path):
     from fedray.config import load_config
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     cfg = load_config(HERE / "exp.yaml", ["train.rounds=2", "engine.backend=local", f"output.root={{tmp_path}}"])
     res = run_experiment(cfg, progress=False, log=lambda *a, **k: None)

@@ -23,7 +23,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ["FEDRAY_NO_WARM"] = "1"  # no test's `fedray run` joins a `fedray up` Ray (tests/core/test_ray_up.py starts its own)
 
 # A shell without job control starts a background command (`cmd &`) with SIGINT ignored, and Python then leaves
-# it ignored, in this process and in every process it starts: the Ctrl-C tests (tests/engine/test_interrupts.py,
+# it ignored, in this process and in every process it starts: the Ctrl-C tests (tests/driver/test_interrupts.py,
 # tests/integration/test_resume.py) failed that way under `nohup bash -c '... .ci/run' &`. They test fedray's
 # handling of a Ctrl-C that arrives, so Ctrl-C gets its default handler back here (children then start with it).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

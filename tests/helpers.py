@@ -49,7 +49,7 @@ def synthetic_experiment(tmp_path, partition_cache, **over) -> dict:
 def run_quiet(cfg: dict, **kw):
     """``run_experiment`` of a config dict, with no progress bar and no log lines."""
     from fedray.config import from_dict
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None, **kw)
 

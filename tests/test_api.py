@@ -271,7 +271,7 @@ def test_the_example_notebook_runs(tmp_path, partition_cache):
 
 def test_import_fedray_stays_light():
     code = ("import sys, fedray; fedray.run, fedray.load_run, fedray.sweep, fedray.tune, fedray.data.from_arrays; "
-            "print(sorted(m for m in ('torch', 'ray', 'optuna', 'pandas', 'fedray.engine.runner') "
+            "print(sorted(m for m in ('torch', 'ray', 'optuna', 'pandas', 'fedray.driver.runner') "
             "if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=QUIET_ENV, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr

@@ -14,7 +14,7 @@ import yaml
 
 from fedray.cli import main
 from fedray.config import load_config
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import ROOT, small_config
 

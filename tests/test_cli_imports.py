@@ -26,7 +26,7 @@ HEAVY = ("torch", "ray", "pandas", "pyarrow", "optuna", "sklearn")
 
 BEFORE_EARLY_START = textwrap.dedent("""
     import json, sys
-    import fedray.engine.launch as launch
+    import fedray.driver.launch as launch
 
     class Reached(Exception):
         pass
@@ -114,7 +114,7 @@ def test_proc_age_seconds():
 
 RERUN = textwrap.dedent("""
     import json, sys
-    import fedray.engine.launch as launch
+    import fedray.driver.launch as launch
 
     def early_start(*args, **kwargs):  # Ray's start (in the background) would begin here
         print("EARLY START", flush=True)

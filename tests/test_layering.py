@@ -1,6 +1,7 @@
 """The package's shape: no import cycle among fedray's files (imports inside functions count), nothing
-imports upward out of fedray/core, no file over 600 lines (tuning/'s over 300), no function over 80 lines in
-fedray/, tuning/ and jobs/, no import loop between those packages, and a Ray driver's modules import no torch."""
+imports upward out of fedray/core, the engine never imports the driver, no file over 600 lines (tuning/'s over
+300), no function over 80 lines in fedray/, tuning/ and jobs/, no import loop between those packages, and a Ray
+driver's modules import no torch."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def test_no_import_cycles():
 
 def test_cycle_detector_finds_a_planted_cycle():
     g = _graph()
-    g["fedray.core.io"] = g["fedray.core.io"] | {"fedray.engine.runner"}
+    g["fedray.core.io"] = g["fedray.core.io"] | {"fedray.driver.runner"}
     assert any("fedray.core.io" in c for c in _cycles(g))
 
 
@@ -127,6 +128,16 @@ def test_algorithms_do_not_import_the_engine():
     assert {m: ts for m, ts in bad.items() if ts} == {}
 
 
+def test_the_engine_does_not_import_the_driver():
+    """The driver (fedray/driver) runs the engine (coordinator, scheduler, workers); an import the other way would
+    make the two packages one again."""
+    g = _graph()
+    assert any(t.startswith("fedray.engine") for m, ts in g.items() if m.startswith("fedray.driver") for t in ts)
+    bad = {m: sorted(t for t in ts if t.startswith("fedray.driver")) for m, ts in g.items()
+           if m.startswith("fedray.engine")}
+    assert {m: ts for m, ts in bad.items() if ts} == {}
+
+
 def test_no_function_over_80_lines():
     """Over fedray/, tuning/ and jobs/ (the engine's included): a function longer than 80 lines does two jobs."""
     long = {}
@@ -140,12 +151,14 @@ def test_no_function_over_80_lines():
     assert long == {}
 
 
-#: the modules a Ray run's driver imports to start: `fedray run`, `jobs.train` (`ray job submit`), the runner
-#: and the early start of the actors. Their module-level imports, followed through fedray, jobs and tuning, must
-#: never reach torch: torch-side code (registries, models, the engine's client runtimes) is imported inside
-#: functions that run in the actors or in-process (tests/test_cli_imports.py checks a real run's driver too).
-DRIVER_ENTRIES = ("fedray.cli", "jobs.train", "fedray.engine.runner", "fedray.engine.launch", "fedray.plugins",
-                  "fedray.config", "fedray.core.plugin_loader")
+#: the modules a Ray run's driver imports to start: `fedray run`, `jobs.train` (`ray job submit`), every module of
+#: the driver package (fedray/driver: the runner, set-up, the coordinator handle, the round loop, the early start of
+#: the actors) and the engine's coordinator host (the class the driver starts the coordinator actor from). Their
+#: module-level imports, followed through fedray, jobs and tuning, must never reach torch: torch-side code
+#: (registries, models, the engine's coordinator and client runtimes) is imported inside functions that run in the
+#: actors or in-process (tests/test_cli_imports.py checks a real run's driver too).
+DRIVER_ENTRIES = ("fedray.cli", "jobs.train", *sorted(_module_name(p) for p in (PKG / "driver").glob("*.py")),
+                  "fedray.engine.host", "fedray.plugins", "fedray.config", "fedray.core.plugin_loader")
 HEAVY_AT_DRIVER_START = ("torch",)
 
 
@@ -197,7 +210,7 @@ def _driver_closure() -> dict[str, list[str]]:
 
 def test_a_ray_driver_s_modules_import_no_torch_at_module_level():
     chains = _driver_closure()
-    assert {"fedray.config", "fedray.engine.launch", "fedray.core.ray_env"} <= set(chains)  # the walk reaches them
+    assert {"fedray.config", "fedray.driver.launch", "fedray.driver.rounds", "fedray.core.ray_env"} <= set(chains)  # the walk reaches them
     bad = {m: " -> ".join(c) for m, c in chains.items() if m in HEAVY_AT_DRIVER_START}
     assert bad == {}
 

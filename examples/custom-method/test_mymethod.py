@@ -24,7 +24,7 @@ def test_loss_is_eq_1_written_as_a_loop():
 
 def test_two_rounds_train(tmp_path):
     from fedray.config import load_config
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     cfg = load_config(HERE / "exp.yaml", ["train.rounds=2", "engine.backend=local", f"output.root={tmp_path}"])
     res = run_experiment(cfg, log=lambda *a, **k: None, progress=False)

@@ -1,1 +1,1 @@
-"""Applications built on :func:`fedray.engine.runner.run_experiment`."""
+"""Applications built on :func:`fedray.driver.runner.run_experiment`."""

@@ -1,7 +1,7 @@
 """One launcher for the applications that run many whole experiments: ``fedray sweep`` points, ``fedray tune``
 trials and ``fedray scale`` points.
 
-A :class:`Launcher` keeps up to ``concurrency`` runs in flight, each one :func:`~fedray.engine.runner.run_experiment`
+A :class:`Launcher` keeps up to ``concurrency`` runs in flight, each one :func:`~fedray.driver.runner.run_experiment`
 call in a driver thread. With ``engine.backend: ray`` every run starts its own coordinator and client workers, a
 slice of the cluster sized by :mod:`fedray.apps.slices`, so the work happens in the actors, not in the threads.
 For every run the launcher
@@ -10,7 +10,7 @@ For every run the launcher
 - calls the application's per-round hook (:attr:`Job.on_round`: an Optuna pruner, a probe), which stops the run
   there when it returns True;
 - turns what happened into a :class:`RunOutcome` (the config, the run directory, the status, the error's first
-  line, the :class:`~fedray.engine.setup.RunResult`) and hands it to the application in the launcher's own
+  line, the :class:`~fedray.driver.setup.RunResult`) and hands it to the application in the launcher's own
   thread, one at a time, so the applications keep their tables and studies without locks.
 
 Ctrl-C or SIGTERM (``ray job stop``) stop the batch: no run starts any more and the running ones stop after their
@@ -36,8 +36,8 @@ from typing import Any, Callable, Iterator
 from fedray.config import ConfigError, ExperimentConfig
 from fedray.core.io import LockHeld, exclusive_lock
 from fedray.reporting.claim import run_dir_of
-from fedray.engine.runner import run_experiment
-from fedray.engine.setup import RunResult
+from fedray.driver.runner import run_experiment
+from fedray.driver.setup import RunResult
 from fedray.reporting.progress import ProgressBar
 
 __all__ = ["Job", "Launcher", "RunOutcome", "error_line", "log_writer", "output_lock"]

@@ -231,7 +231,7 @@ def _claim(spec: SweepSpec, resume: bool) -> None:
 def _prepare(spec: SweepSpec, log) -> None:
     """Each distinct partition built once (before the threads would race for it) and each point's model
     checked against its data: a missing dataset or a bad model option fails here, before any training."""
-    from fedray.engine.setup import prepare_data
+    from fedray.driver.setup import prepare_data
     from fedray.plugins import check_model
 
     stores: dict[str, object] = {}

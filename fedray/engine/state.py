@@ -12,7 +12,7 @@ uninterrupted run saw. Old versions are pruned once a checkpoint no longer needs
 
 Size and cost grow with the clients that took part, never with the population: a client that never trained
 has no directory. A checkpoint prunes only the clients that trained since the previous one (their ids come from
-the rounds' ledgers, :class:`~fedray.engine.callbacks.Checkpointer`): a client's older versions can only have
+the rounds' ledgers, :class:`~fedray.driver.callbacks.Checkpointer`): a client's older versions can only have
 become unneeded by a write of its own. A resume scans every client directory once (versions written after the
 checkpoint may belong to clients no ledger names).
 """

@@ -1,12 +1,12 @@
 """Driver callbacks: what happens around each round besides running it (after pfl's and Ray Train's).
 
-The round loop (:class:`fedray.engine.rounds.RoundLoop`) calls, in list order, ``on_run_start`` once,
+The round loop (:class:`fedray.driver.rounds.RoundLoop`) calls, in list order, ``on_run_start`` once,
 ``on_round_start`` before each round, ``on_round_end`` after each recorded round (its ``metrics.jsonl`` row;
 a ``True`` return asks the loop to stop after this round), ``on_restart`` when a new coordinator replaced a
 dead one (the loop goes back to the last checkpoint) and ``on_run_end`` once, also after an interruption.
 Each concern is one small object. Here, what reports a run: the progress display, TensorBoard, the
 experiment trackers (MLflow, W&B) and a user's per-round hook (the Optuna pruner); the engine's own,
-checkpoints and the driver fault injection of the tests, are in :mod:`fedray.engine.callbacks`.
+checkpoints and the driver fault injection of the tests, are in :mod:`fedray.driver.callbacks`.
 """
 
 from __future__ import annotations

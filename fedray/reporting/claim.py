@@ -1,5 +1,5 @@
 """Whether a run directory can take a new run: what ``fedray run`` and ``jobs.train`` check before anything
-starts (Ray, data), and what :func:`fedray.engine.runner.setup_run` checks again when it claims the directory.
+starts (Ray, data), and what :func:`fedray.driver.runner.setup_run` checks again when it claims the directory.
 
 Light on purpose: the config hash and the directory's ``run.json``, no numpy, pyarrow, torch or Ray. A
 ``running`` run.json names its driver (``owner``, :mod:`fedray.core.owner`): a run whose driver is dead reads as

@@ -20,7 +20,7 @@ import torch
 from fedray.algorithms import ALGORITHMS, build_algorithm
 from fedray.algorithms.training import local_sgd
 from fedray.config import ConfigError, from_dict
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.engine.state import ClientStateStore
 from fedray.core.weights import FlatParams
 from fedray.reporting.rundir import RunDir
@@ -134,7 +134,7 @@ def test_moon_and_feddyn_keep_client_state_across_rounds_and_resume(tmp_path, pa
                    engine__fault_injection={"kind": "driver_exit", "round": 3})
         path = tmp_path / f"{alg}-crash.json"
         path.write_text(json.dumps(cfg))
-        code = ("import json; from fedray.config import from_dict; from fedray.engine.runner import run_experiment;"
+        code = ("import json; from fedray.config import from_dict; from fedray.driver.runner import run_experiment;"
                 f"run_experiment(from_dict(json.load(open({str(path)!r}))), progress=False)")
         procs[alg] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, cwd=ROOT)

@@ -58,7 +58,7 @@ def _config(tmp_path, partition_cache, algorithm: str, model: str) -> dict:
 
 
 def _meta(cfg: dict):
-    from fedray.engine.setup import prepare_data
+    from fedray.driver.setup import prepare_data
 
     return prepare_data(from_dict(cfg), lambda *a: None)[1].meta
 

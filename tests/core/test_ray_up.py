@@ -56,7 +56,7 @@ def _until(what, timeout: float = 180.0):
 
 def run_quiet_cfg(cfg) -> str:
     """The weights hash of an in-process run of an ExperimentConfig."""
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     return run_experiment(cfg, progress=False, log=lambda *a: None).weights_hash
 

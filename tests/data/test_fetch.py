@@ -267,7 +267,7 @@ def test_data_download_fetches_before_a_run_uses_it(tmp_path, server, monkeypatc
 
 def test_a_ray_run_fetches_before_ray_starts(tmp_path, server, monkeypatch):
     """``early_start`` (a Ray run's first step) fetches first; what it starts sees the data in place."""
-    from fedray.engine import launch
+    from fedray.driver import launch
 
     serve(monkeypatch, server, "mnist", MNIST)
     seen = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedray.engine.callbacks import Checkpointer
+from fedray.driver.callbacks import Checkpointer
 from fedray.engine.state import ClientStateStore
 from fedray.reporting.rundir import RunDir
 

@@ -21,7 +21,7 @@ def multinode():
 @pytest.fixture
 def engines(monkeypatch):
     """The coordinator handles run_experiment opens (to reach the coordinator from a test's on_round)."""
-    from fedray.engine import runner
+    from fedray.driver import runner
 
     made = []
     real = runner.open_coordinator

@@ -10,9 +10,9 @@ import signal
 import pytest
 
 from fedray.config import from_dict
-from fedray.engine import launch
+from fedray.driver import launch
 from fedray.engine.dispatch import RunAborted
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import small_config
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from fedray.config import from_dict
-from fedray.engine import launch, runner
+from fedray.driver import launch, runner
 from fedray.engine.dispatch import RunAborted
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import small_config
 
@@ -104,7 +104,7 @@ class _InterruptedInRay:
     def get(self, ref, *args, **kw):
         if not self.fired and self._engine.in_flight.get("round") == 2 and ref is self._engine.in_flight.get("ref"):
             self.fired = True
-            from fedray.engine.rounds import _Interrupted
+            from fedray.driver.rounds import _Interrupted
 
             try:
                 raise _Interrupted()
@@ -144,7 +144,7 @@ def test_a_coordinator_whose_calls_were_all_short_is_still_found_hung_within_the
     """Rounds shorter than the heartbeat's ping interval (1 s) never left a ping answered while a call was pending,
     so the driver kept treating the coordinator as starting: one stopped in round 2 was given the start-up's
     allowance (WORKER_START_TIMEOUT_S, 600 s; 60 s here) instead of engine.heartbeat_s."""
-    from fedray.engine import handle
+    from fedray.driver import handle
 
     monkeypatch.setattr(handle, "WORKER_START_TIMEOUT_S", 60.0)
     logs: list[str] = []

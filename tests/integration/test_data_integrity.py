@@ -11,7 +11,7 @@ import pytest
 
 from fedray.config import from_dict
 from fedray.data.store import PartitionStore
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from tests.helpers import small_config
 
 SAMPLED = int(np.random.default_rng([0, 1]).choice(100, size=6, replace=False)[0])  # trained on in round 1

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fedray.config import from_dict
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from tests.helpers import ROOT, small_config
 
 
@@ -73,7 +73,7 @@ def test_fold_group_identical_across_worker_counts_backends_and_resume(tmp_path,
                        **base)
     cfg_path = tmp_path / "crash.json"
     cfg_path.write_text(json.dumps(cfg))
-    code = ("import json; from fedray.config import from_dict; from fedray.engine.runner import run_experiment;"
+    code = ("import json; from fedray.config import from_dict; from fedray.driver.runner import run_experiment;"
             f"run_experiment(from_dict(json.load(open({str(cfg_path)!r}))), progress=False)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 17, proc.stderr[-2000:]

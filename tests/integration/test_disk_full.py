@@ -80,7 +80,7 @@ def test_a_full_disk_fails_the_run_loudly_and_resume_reaches_the_bits(tmp_path, 
     assert int(st["round"]) == checkpoint
 
     monkeypatch.delenv(FAULT_ENV)  # space is back
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     res = run_experiment(resume=rd.path, progress=False, log=lambda *a: None)
     assert res.weights_hash == clean_hash
@@ -96,7 +96,7 @@ def test_a_full_disk_at_the_latest_pointer_keeps_the_previous_checkpoint(tmp_pat
     assert "latest" in reason
     assert RunDir.checkpoint_round(rd.latest_checkpoint()) == 1 and rd.load_checkpoint()["round"] == 1
     monkeypatch.delenv(FAULT_ENV)
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     assert run_experiment(resume=rd.path, progress=False, log=lambda *a: None).weights_hash == clean_hash
     _assert_consistent(rd, [1, 2, 3, 4])
@@ -187,7 +187,7 @@ def test_a_second_signal_that_exits_the_driver_still_records_the_interruption(tm
     assert info["status"] == "interrupted" and "second" in info["error"], info
     assert rd.load_checkpoint()["round"] == 1 and not (rd.path / ".space-reserve").exists()
     monkeypatch.delenv(FAULT_ENV)
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     assert run_experiment(resume=rd.path, progress=False, log=lambda *a: None).weights_hash == clean_hash
     _assert_consistent(rd, [1, 2, 3, 4])
@@ -217,7 +217,7 @@ def test_a_disk_that_fills_up_mid_run_fails_it_loudly_and_resume_reaches_the_bit
     try:
         cfg = _cfg(disk, partition_cache, output__checkpoint_every=1)
         filler = disk / "filler"
-        import fedray.engine.runner as runner
+        import fedray.driver.runner as runner
 
         real_fail = runner.fail_run
 
@@ -241,7 +241,7 @@ def test_a_disk_that_fills_up_mid_run_fails_it_loudly_and_resume_reaches_the_bit
         filler.unlink()
         (disk / "filler-2").unlink()
         monkeypatch.setattr(runner, "fail_run", real_fail)
-        from fedray.engine.runner import run_experiment
+        from fedray.driver.runner import run_experiment
 
         assert run_experiment(resume=rd.path, progress=False, log=lambda *a: None).weights_hash == clean_hash
         _assert_consistent(rd, [1, 2, 3, 4])

@@ -14,7 +14,7 @@ import pytest
 from fedray.cli import main
 from fedray.config import ConfigError, from_dict
 from fedray.core import plugin_loader
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from fedray.reporting.trackers import scalar_metrics
 from tests.helpers import small_config

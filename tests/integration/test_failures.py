@@ -13,7 +13,7 @@ from fedray.config import from_dict
 from fedray.engine.coordinator import Coordinator
 from fedray.engine.dispatch import RoundAborted, RunAborted
 from fedray.engine.round_report import RoundReport, RoundResult
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import small_config
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedray.config import from_dict
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import small_config
 

@@ -113,7 +113,7 @@ def test_missing_data_path_fails_clearly(head, tmp_path):
 
 def test_stop_then_resume_job(head, tmp_path):
     from fedray.config import load_config
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     out = tmp_path / "out"
     over = ["train.rounds=8", "train.clients_per_round=10", "output.checkpoint_every=1", "output.tensorboard=false"]
@@ -167,7 +167,7 @@ def _reference_weights(project: Path, tmp_path) -> str:
     """The example's weights in-process (the plugin imported in this process, then forgotten)."""
     from fedray.config import load_config
     from fedray.core import plugin_loader
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
 
     cfg = load_config(project / "exp.yaml", [*SMALL, "engine.backend=local", f"output.root={tmp_path / 'ref'}"])
     try:

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import ROOT, run_quiet, small_config
 from tests.integration.multinode import WhenHung

@@ -13,7 +13,7 @@ import pytest
 
 from fedray.config import ConfigError, load_config
 from fedray.core import plugin_loader
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import ROOT
 
@@ -58,7 +58,7 @@ def test_resume_runs_the_same_code_to_the_same_weights_and_refuses_edited_code(p
     cfg = _config(project, tmp_path / "crash", partition_cache, *over,
                   "engine.fault_injection={kind: driver_exit, round: 4}")
     (tmp_path / "crash.json").write_text(json.dumps(cfg.to_dict()))
-    code = ("import json; from fedray.config import from_dict; from fedray.engine.runner import run_experiment; "
+    code = ("import json; from fedray.config import from_dict; from fedray.driver.runner import run_experiment; "
             f"run_experiment(from_dict(json.load(open({str(tmp_path / 'crash.json')!r}))), progress=False)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 17, proc.stderr[-2000:]  # the driver died hard before round 4

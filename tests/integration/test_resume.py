@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fedray.config import from_dict
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import ROOT, small_config
 
@@ -26,7 +26,7 @@ def test_crash_and_resume_gives_identical_weights(tmp_path, partition_cache):
                        engine__fault_injection={"kind": "driver_exit", "round": 4})
     cfg_path = tmp_path / "crash.json"
     cfg_path.write_text(json.dumps(cfg))
-    code = ("import json,sys; from fedray.config import from_dict; from fedray.engine.runner import run_experiment;"
+    code = ("import json,sys; from fedray.config import from_dict; from fedray.driver.runner import run_experiment;"
             f"run_experiment(from_dict(json.load(open({str(cfg_path)!r}))), progress=False)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 17, proc.stderr[-2000:]  # the driver died hard before round 4
@@ -51,7 +51,7 @@ def test_ctrl_c_mid_round_on_ray_records_that_round_and_resumes_without_a_gap(tm
     cfg = small_config(tmp_path / "int", partition_cache, **base)
     cfg_path = tmp_path / "int.json"
     cfg_path.write_text(json.dumps(cfg))
-    code = ("import json; from fedray.config import from_dict; from fedray.engine.runner import run_experiment;"
+    code = ("import json; from fedray.config import from_dict; from fedray.driver.runner import run_experiment;"
             f"r = run_experiment(from_dict(json.load(open({str(cfg_path)!r}))), progress=False);"
             "raise SystemExit(130 if r.interrupted else 0)")
     env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}

@@ -11,7 +11,7 @@ import pytest
 
 from fedray.config import ConfigError, from_dict
 from fedray.core.checkpoint import CheckpointError
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.rundir import RunDir
 from tests.helpers import small_config
 

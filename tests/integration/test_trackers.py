@@ -9,7 +9,7 @@ import re
 import pytest
 
 from fedray.config import from_dict, load_config
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.reporting.report import describe_run
 from fedray.reporting.rundir import RunDir
 from fedray.reporting.trackers import flat_params, scalar_metrics

@@ -71,7 +71,7 @@ def test_feature_analysis_keys_and_errors():
 
 def test_analysis_logged_every_k_rounds_and_plotted_by_report(tmp_path, partition_cache):
     from fedray.config import from_dict
-    from fedray.engine.runner import run_experiment
+    from fedray.driver.runner import run_experiment
     from fedray.reporting.report import report
 
     cfg = small_config(tmp_path, partition_cache, model={"name": "cnn_taps", "params": {"widths": [4, 8, 8, 8]}},

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from fedray.config import MlflowConfig
 from fedray.reporting.callbacks import Progress, Trackers
-from fedray.engine.setup import RunResult
+from fedray.driver.setup import RunResult
 from fedray.reporting.report import _tracker_lines
 from fedray.reporting.rundir import RunDir
 from fedray.reporting.trackers import MlflowTracker

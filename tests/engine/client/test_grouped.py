@@ -12,7 +12,7 @@ from fedray.config import ConfigError, TrainConfig, config_hash, from_dict
 from fedray.data.loader import Augment
 from fedray.data.table import DatasetMeta
 from fedray.engine.client.grouped import GroupMember, check_multi_client, groups_of, train_group
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from fedray.core.weights import FlatParams
 from fedray.models import model_for_meta
 from tests.helpers import small_config

@@ -129,8 +129,8 @@ def test_checkpointed_state_resumes_scala_exactly(tmp_path, partition_cache):
     """Server model + server momentum live in the coordinator state: a fresh coordinator loaded from it
     continues bit-identically."""
     from fedray.engine.coordinator import Coordinator
-    from fedray.engine.handle import test_payload
-    from fedray.engine.setup import prepare_data
+    from fedray.driver.handle import test_payload
+    from fedray.driver.setup import prepare_data
     from fedray.engine.spec import CoordinatorSpec
 
     cfg = from_dict(_cfg(tmp_path, partition_cache, "scala", train__momentum=0.9, train__rounds=3))

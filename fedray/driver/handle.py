@@ -2,7 +2,7 @@
 
 :func:`open_coordinator` gives a :class:`LocalCoordinator` (``engine.backend: local``: the
 :class:`~fedray.engine.coordinator.Coordinator` in this process, over in-process workers) or a
-:class:`RayCoordinator` (the coordinator in an actor, :class:`~fedray.engine.launch.CoordinatorHost`, over
+:class:`RayCoordinator` (the coordinator in an actor, :class:`~fedray.engine.host.CoordinatorHost`, over
 ``ClientWorker`` actors). Both have the same methods: ``ready``, ``run_round``, ``finish_in_flight``,
 ``state_dict``, ``load_state_dict``, ``weights``, ``weights_hash``, ``workers``, ``node_id``, ``pid``,
 ``restart`` and ``close``; each is built from a :class:`~fedray.engine.spec.CoordinatorSpec`, as a worker is
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedray.engine.launch import Actors, CoordinatorHost, kill_actors, start_actors
+from fedray.driver.launch import Actors, kill_actors, start_actors
+from fedray.engine.host import CoordinatorHost
 from fedray.engine.outcomes import InStore
 from fedray.engine.pool import WORKER_START_TIMEOUT_S, default_num_workers
 from fedray.engine.spec import CoordinatorSpec
@@ -45,7 +46,7 @@ def test_payload(bundle) -> dict:
 
 def coordinator_spec(run, test, num_workers: int, worker_cpus: float, worker_gpus: float,
                      workers: list | None = None) -> CoordinatorSpec:
-    """The :class:`CoordinatorSpec` of the prepared ``run`` (:class:`fedray.engine.setup.Run`)."""
+    """The :class:`CoordinatorSpec` of the prepared ``run`` (:class:`fedray.driver.setup.Run`)."""
     cfg_dict = run.cfg.to_dict()
     cfg_dict.pop("source_path", None)
     return CoordinatorSpec(config=cfg_dict, partition_path=str(run.store.path), run_dir=str(run.rd.path), test=test,
@@ -60,7 +61,7 @@ def open_coordinator(run):
 
 class LocalCoordinator(CoordinatorHost):
     """The coordinator in this process (``engine.backend: local``): the same object the Ray actor holds
-    (:class:`~fedray.engine.launch.CoordinatorHost`, whose methods are the coordinator's), built at once; it never
+    (:class:`~fedray.engine.host.CoordinatorHost`, whose methods are the coordinator's), built at once; it never
     dies apart from this process."""
 
     restarts = 0

@@ -4,7 +4,7 @@ Most of a cold ``fedray run``'s start-up is processes starting: Ray's own (GCS, 
 one Python process per actor (the coordinator and every client worker), each importing torch and fedray.
 None of that needs the run's data. :class:`EarlyStart` therefore joins or starts Ray in a background
 thread as soon as the config is known and starts the actors right away, without their arguments: a
-:class:`~fedray.engine.worker.ClientWorker` with no spec and a :class:`CoordinatorHost`. Once the data and
+:class:`~fedray.engine.worker.ClientWorker` with no spec and a :class:`~fedray.engine.host.CoordinatorHost`. Once the data and
 the run directory are ready the driver hands them their arguments (``setup``), in the order every actor
 receives calls from one caller, so nothing they compute changes.
 
@@ -19,89 +19,18 @@ import functools
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedray.core.errors import ConfigError
 from fedray.core.ray_env import current_node_id, ensure_ray
+from fedray.engine.host import ray_coordinator_class
 
-if TYPE_CHECKING:
-    from fedray.engine.round_report import RoundReport
-
-__all__ = ["Actors", "CoordinatorHost", "EarlyStart", "coordinator_options", "early_start", "kill_actors",
-           "start_actors"]
+__all__ = ["Actors", "EarlyStart", "coordinator_options", "early_start", "kill_actors", "start_actors"]
 
 
 def _no_sigterm_warning(record) -> bool:
     """Ray warns that it set no SIGTERM handler when started from a thread; :class:`EarlyStart` sets it."""
     return "SIGTERM handler is not set" not in record.getMessage()
-
-
-class CoordinatorHost:
-    """The coordinator actor's process, started before the run's arguments exist (its class imports no torch,
-    so the driver can start it): :meth:`setup` builds the :class:`~fedray.engine.coordinator.Coordinator` from
-    a :class:`~fedray.engine.spec.CoordinatorSpec`; the other methods are the coordinator's, which the driver
-    calls through :class:`fedray.engine.handle.RayCoordinator`."""
-
-    def __init__(self):
-        import fedray.engine.coordinator  # noqa: F401  (torch and the engine import now, not at setup)
-
-        self.coord = None
-
-    def check(self, cfg, meta) -> bool:
-        """:func:`fedray.plugins.check_run` here, where the registries (torch) are imported anyway."""
-        from fedray.plugins import check_run
-
-        check_run(cfg, meta)
-        return True
-
-    def setup(self, spec) -> bool:
-        from fedray.engine.coordinator import Coordinator
-
-        self.coord = Coordinator(spec)
-        return True
-
-    def ready(self) -> dict:
-        return self.coord.ready()
-
-    def run_round(self, rnd: int) -> RoundReport:
-        return self.coord.run_round(rnd)
-
-    def state_dict(self) -> dict:
-        return self.coord.state_dict()
-
-    def load_state_dict(self, st: dict) -> None:
-        self.coord.load_state_dict(st)
-
-    def get_weights(self):
-        return self.coord.get_weights()
-
-    def weights_hash(self) -> str:
-        return self.coord.weights_hash()
-
-    def workers(self) -> list[dict]:
-        return self.coord.workers()
-
-    def node_id(self) -> str | None:
-        return self.coord.node_id()
-
-    def pid(self) -> int:
-        return self.coord.pid()
-
-    def shutdown(self) -> None:
-        self.coord.shutdown()
-
-
-@functools.cache
-def _ray_coordinator_class(ray):
-    """:class:`CoordinatorHost` as a Ray actor class with ``ping`` in a concurrency group of its own (one thread):
-    the driver's heartbeat (:meth:`fedray.engine.handle.RayCoordinator._get`), answered in the middle of a round."""
-
-    class RayCoordinatorHost(CoordinatorHost):
-        @ray.method(concurrency_group="heartbeat")
-        def ping(self) -> bool:
-            return True
-
-    return ray.remote(concurrency_groups={"heartbeat": 1})(RayCoordinatorHost)
 
 
 def coordinator_options(cfg, ray) -> dict:
@@ -155,7 +84,7 @@ def start_actors(cfg) -> Actors:
 
     n, wcpu, wgpu = default_num_workers(cfg, int(cfg.train.clients_per_round))
     workers = RayPool.start(None, n, wcpu, wgpu)  # the client workers start while the coordinator host does
-    coord = _ray_coordinator_class(ray).options(**coordinator_options(cfg, ray)).remote()
+    coord = ray_coordinator_class(ray).options(**coordinator_options(cfg, ray)).remote()
     return Actors(workers, coord, n, wcpu, wgpu)
 
 

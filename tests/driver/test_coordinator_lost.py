@@ -1,4 +1,4 @@
-"""fedray.engine.handle and rounds: which Ray errors mean "the coordinator (or an actor it was starting with) is lost"
+"""fedray.driver.handle and rounds: which Ray errors mean "the coordinator (or an actor it was starting with) is lost"
 and the restart loop's bound, on fake Ray handles (whole runs losing nodes are in tests/integration/)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from ray import exceptions as rex
 
 from fedray.engine.dispatch import RunAborted
-from fedray.engine.handle import CoordinatorLost, RayCoordinator
-from fedray.engine.rounds import RoundLoop
-from fedray.engine.setup import RunResult
+from fedray.driver.handle import CoordinatorLost, RayCoordinator
+from fedray.driver.rounds import RoundLoop
+from fedray.driver.setup import RunResult
 
 
 class _FakeRay:

@@ -1,10 +1,10 @@
 """The driver: prepares data and the run directory, starts the coordinator, runs the rounds, writes outputs.
 
 ``run_experiment(cfg)`` is what ``fedray run``, ``jobs.train``, sweeps, studies and the tests call. It is
-four steps, each a module of its own: :func:`~fedray.engine.setup.setup_run` (checks, data, run directory),
-:func:`~fedray.engine.handle.open_coordinator` (the coordinator handle: a Ray actor or in-process),
-:class:`~fedray.engine.rounds.RoundLoop` (the rounds, with callbacks from :mod:`fedray.reporting.callbacks` and :mod:`fedray.engine.callbacks`) and
-:func:`~fedray.engine.setup.finish_run` (final weights, summary, status). With ``engine.backend: ray`` it uses the Ray
+four steps, each a module of its own: :func:`~fedray.driver.setup.setup_run` (checks, data, run directory),
+:func:`~fedray.driver.handle.open_coordinator` (the coordinator handle: a Ray actor or in-process),
+:class:`~fedray.driver.rounds.RoundLoop` (the rounds, with callbacks from :mod:`fedray.reporting.callbacks` and :mod:`fedray.driver.callbacks`) and
+:func:`~fedray.driver.setup.finish_run` (final weights, summary, status). With ``engine.backend: ray`` it uses the Ray
 instance already initialised in this process, the cluster named by ``engine.ray_address`` / ``fedray run
 --address`` or ``RAY_ADDRESS`` (under ``ray job submit``), or starts a private, loopback-only local one with
 token authentication (:mod:`fedray.core.ray_env`); with ``local`` nothing of Ray is imported.
@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 
 from fedray.config import ExperimentConfig
-from fedray.engine.callbacks import Checkpointer, DriverFaults
+from fedray.driver.callbacks import Checkpointer, DriverFaults
 from fedray.reporting.callbacks import OnRound, Progress, TensorBoard, Trackers
 from fedray.engine.faults import FaultInjector
 from fedray.engine.dispatch import RunAborted
-from fedray.engine.handle import CoordinatorLost, _reason, open_coordinator
-from fedray.engine.launch import EarlyStart, early_start
-from fedray.engine.rounds import RoundLoop, resume_state
-from fedray.engine.setup import Run, RunResult, fail_run, finish_run, run_status, setup_run, stop_run
+from fedray.driver.handle import CoordinatorLost, _reason, open_coordinator
+from fedray.driver.launch import EarlyStart, early_start
+from fedray.driver.rounds import RoundLoop, resume_state
+from fedray.driver.setup import Run, RunResult, fail_run, finish_run, run_status, setup_run, stop_run
 
 __all__ = ["run_experiment"]
 
@@ -81,7 +81,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     ``fedray up`` when one is recorded and running (:func:`fedray.core.ray_env.ensure_ray`).
 
     With ``engine.backend: ray``, Ray and the run's actors start in the background while the data loads
-    (:mod:`fedray.engine.launch`); ``early``: that start, begun by the caller for these same arguments
+    (:mod:`fedray.driver.launch`); ``early``: that start, begun by the caller for these same arguments
     (``fedray run`` begins it before it imports the runner).
 
     ``t0``: where the reported start-up (``RunResult.startup_seconds``) counts from, a ``time.perf_counter()``

@@ -1,4 +1,4 @@
-"""fedray.engine.runner: Ctrl-C (SIGINT) or `ray job stop` (SIGTERM) arriving while the driver records a round
+"""fedray.driver.runner: Ctrl-C (SIGINT) or `ray job stop` (SIGTERM) arriving while the driver records a round
 waits until the round is recorded, so the metrics rows, the loop's result and the interruption's checkpoint
 agree (a whole run interrupted on Ray: tests/integration/test_resume.py). Real signals, fake engine."""
 
@@ -12,12 +12,12 @@ import pytest
 
 from fedray.reporting.callbacks import Callback
 from fedray.engine.round_report import RoundReport
-from fedray.engine.rounds import RoundLoop
-from fedray.engine.setup import RunResult
+from fedray.driver.rounds import RoundLoop
+from fedray.driver.setup import RunResult
 
 
 def test_a_signal_in_the_block_is_delivered_after_it():
-    from fedray.engine.rounds import _signals_deferred
+    from fedray.driver.rounds import _signals_deferred
 
     done = []
     with pytest.raises(KeyboardInterrupt):

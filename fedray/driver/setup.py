@@ -19,7 +19,7 @@ from fedray.data.fetch import data_root, ensure_data
 from fedray.data.sources import load_source
 from fedray.data.store import PartitionStore, build_partition
 from fedray.data.table import DataBundle
-from fedray.engine.launch import EarlyStart
+from fedray.driver.launch import EarlyStart
 from fedray.plugins import check_data_fit, check_driver, check_output_root, check_registries
 from fedray.reporting.callbacks import Trackers
 from fedray.reporting.claim import check_run_dir, default_run_name, refuse_live_owner
@@ -54,7 +54,7 @@ class RunResult:
 def prepare_data(cfg: ExperimentConfig, log=None):
     """Load the source and build (or reuse, after checking every shard) the partition; returns (bundle,
     store). A damaged cached partition is rebuilt, with one line to ``log``. With ``data.download``, a missing
-    layout is fetched first (:func:`fedray.data.fetch.ensure_data`; on Ray, :func:`~fedray.engine.launch.early_start`
+    layout is fetched first (:func:`fedray.data.fetch.ensure_data`; on Ray, :func:`~fedray.driver.launch.early_start`
     did it before Ray started)."""
     ensure_data(cfg, log or print)
     bundle = load_source(cfg.data.source, data_root(cfg.data), **cfg.data.params)
@@ -79,7 +79,7 @@ class Run:
     resume: bool
     t_start: float
     trackers: Trackers  # the MLflow / W&B runs it mirrors into (started), possibly none
-    early: EarlyStart | None = None  # Ray and the actors, started while the data loaded (fedray.engine.launch)
+    early: EarlyStart | None = None  # Ray and the actors, started while the data loaded (fedray.driver.launch)
     t_data: float = 0.0  # when the data was ready (time.perf_counter())
 
     @property
@@ -167,7 +167,7 @@ def _resume_history(rd: RunDir, log) -> list[dict]:
 
 def _check_resumable(rd: RunDir, cfg: ExperimentConfig) -> None:
     """Recorded rounds and no checkpoint to go on from: refused here, before run.json is touched, so that it keeps
-    saying how the run ended (:func:`fedray.engine.rounds.resume_state` makes the same check, after the start)."""
+    saying how the run ended (:func:`fedray.driver.rounds.resume_state` makes the same check, after the start)."""
     recorded = rd.read_metrics()
     if recorded and not (rd.path / "checkpoints" / "latest").is_file():
         raise ConfigError(f"--resume {rd.path}: no checkpoint (checkpoints/latest) to continue the {len(recorded)} "

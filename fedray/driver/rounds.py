@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from fedray.config import ConfigError
 from fedray.engine.dispatch import RunAborted
-from fedray.engine.handle import CoordinatorLost, _reason
-from fedray.engine.setup import Run, RunResult
+from fedray.driver.handle import CoordinatorLost, _reason
+from fedray.driver.setup import Run, RunResult
 from fedray.engine.state import ClientStateStore
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""fedray.engine.runner: configs and registry names that fail before any work, missing data, over-selection.
+"""fedray.driver.runner: configs and registry names that fail before any work, missing data, over-selection.
 
 Whole runs on Ray (determinism, faults, resume) are in tests/integration/."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fedray.config import ConfigError, from_dict
-from fedray.engine.runner import run_experiment
+from fedray.driver.runner import run_experiment
 from tests.helpers import small_config
 
 

@@ -6,7 +6,7 @@ run (progress, TensorBoard, trackers, ``on_round``) are in :mod:`fedray.reportin
 from __future__ import annotations
 
 from fedray.engine.faults import FaultInjector
-from fedray.engine.rounds import _signals_deferred
+from fedray.driver.rounds import _signals_deferred
 from fedray.engine.state import ClientStateStore
 from fedray.reporting.callbacks import Callback
 from fedray.reporting.rundir import RunDir
