@@ -62,3 +62,15 @@ def test_the_engine_counts_the_arrays_of_the_clients_extras():
     assert tally.upload_signals == 3 * protos.nbytes + np.arange(3).nbytes
     assert tally.clients == 2 and tally.loss == pytest.approx(2.5) and [e["cid"] for e in tally.extras] == [5]
     assert arrays_nbytes({"a": 1.0, "b": "text"}) == 0 and math.isnan(ClientTally().loss)
+
+
+def test_a_ledger_row_as_a_dict_is_dataclasses_asdict_with_its_fields_in_order():
+    import dataclasses
+
+    for row in (LedgerRow(client=7, round=2, samples=3, loss=0.25, seconds=0.5, worker="w1", attempt=2),
+                LedgerRow(client=4, round=3, failure="worker lost: boom")):
+        d = row.as_dict()
+        assert d == dataclasses.asdict(row)
+        assert list(d) == [f.name for f in dataclasses.fields(LedgerRow)]
+        d["client"] = -1  # a copy: the row is not changed through it
+        assert row.client != -1
