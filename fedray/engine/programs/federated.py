@@ -36,6 +36,8 @@ __all__ = ["FederatedProgram"]
 
 # Default budget for client updates held by the coordinator at once (default chunk size; see chunk_size).
 _HELD_UPDATES_BYTES = 256 << 20
+# Tasks per worker and round by default in straggler mode (FederatedProgram.chunk_size).
+_STRAGGLER_TASKS_PER_WORKER = 32
 
 
 class FederatedProgram:
@@ -60,10 +62,14 @@ class FederatedProgram:
         """The training samples of the sampled clients at ``positions``: a task's ``cost`` (longest first)."""
         return float(sum(int(self.sizes[sampled[p]]) for p in positions))
 
-    def chunk_size(self, k: int) -> int:
+    def chunk_size(self, k: int, stragglers: bool = False) -> int:
         """Clients per task: ``engine.chunk_size``, or about 4 tasks per worker and round, capped so that
         the updates held at once (reorder window ~ 2 x workers x chunk, plus the tasks returning) stay
-        within 256 MB; with ``engine.multi_client: m``, whole groups of m consecutive sampled clients."""
+        within 256 MB; with ``engine.multi_client: m``, whole groups of m consecutive sampled clients.
+        ``stragglers`` (``engine.over_selection`` / ``engine.round_deadline_s``): at least
+        ``_STRAGGLER_TASKS_PER_WORKER`` tasks per worker, since a task's clients count as finished only when the
+        whole task has (at 10,000 clients per round and 2 workers, tasks of 1,250 clients made a deadline drop
+        whole tasks of finished clients and over-selection train every sampled client)."""
         e = self.cfg.engine
         if e.chunk_size:
             chunk = int(e.chunk_size)
@@ -71,7 +77,8 @@ class FederatedProgram:
             held = self.held_updates()
             workers = max(1, self.pool.size)
             cap = max(1, held // (3 * workers))
-            chunk = max(1, min(int(math.ceil(k / (4 * workers))), cap))
+            per_worker = _STRAGGLER_TASKS_PER_WORKER if stragglers else 4
+            chunk = max(1, min(int(math.ceil(k / (per_worker * workers))), cap))
         m = int(e.multi_client or 1)
         if m > 1:  # whole groups of m consecutive sampled clients per task (fedray.engine.client.grouped)
             chunk = (int(math.ceil(chunk / m)) if e.chunk_size else max(1, chunk // m)) * m
@@ -127,7 +134,7 @@ class FederatedProgram:
         collect_all = e.over_selection > 0 or e.round_deadline_s is not None
         target = min(len(sampled), int(self.cfg.train.clients_per_round))
         k = len(sampled)
-        chunk = self.chunk_size(k)
+        chunk = self.chunk_size(k, stragglers=collect_all)
         window = int(e.reorder_window or self.reorder_window(chunk) * chunk)
         client_w = [self.algorithm.client_weight(int(self.sizes[c])) for c in sampled]
         fold, tally = OrderedFold(client_w), ClientTally()
@@ -160,7 +167,7 @@ class FederatedProgram:
                                                               hints),
                   on_outcome, on_drop=on_drop, deadline=deadline,
                   may_start=None if collect_all else (lambda task: task.first < fold.next + window),
-                  stop=(lambda: sum(1 for _ in finished) >= target) if collect_all else None)
+                  stop=(lambda: len(finished) >= target) if collect_all else None)
         # stragglers: clients still running (cancelled) or never started when the round closed
         cancelled = sched.cancel_rest()
         sched.check_drops(k)

@@ -54,3 +54,73 @@ def test_drop_after_worker_losses_folds_the_results_buffered_behind_it():
     out = prog.train(1, [0, 1, 2, 3, 4, 5], None, None, None)
     assert out.dropped == [bad] and out.tally.clients == 5 and out.worker_restarts == 2
     np.testing.assert_allclose(out.avg, np.full(2, np.mean([0, 1, 2, 4, 5])), rtol=1e-6)
+
+
+def _engine(**over):
+    import types
+
+    eng = dict(over_selection=0, round_deadline_s=None, reorder_window=None, max_client_retries=1,
+               max_dropped_fraction=1.0, max_worker_restarts=10, chunk_size=None, multi_client=1)
+    eng.update(over)
+    return types.SimpleNamespace(**eng)
+
+
+def test_straggler_mode_cuts_the_round_into_small_tasks_by_default():
+    """A task's clients count as finished only when the whole task has: with the usual 4 tasks per worker, 10,000
+    clients per round on 2 workers made tasks of 1,250 clients (a deadline dropped whole tasks of finished clients,
+    over-selection trained every sampled client). Straggler mode takes 32 per worker; an explicit
+    engine.chunk_size and multi-client groups are kept."""
+    import types
+
+    from fedray.engine.programs.federated import FederatedProgram
+
+    def prog(**over):
+        cfg = types.SimpleNamespace(engine=_engine(**over), train=types.SimpleNamespace(clients_per_round=10_000))
+        return FederatedProgram(cfg=cfg, algorithm=None, server_opt=None, pool=types.SimpleNamespace(size=2),
+                                sizes=np.ones(10, np.int64), num_params=4_522)
+
+    assert prog().chunk_size(10_000) == 1_250
+    assert prog().chunk_size(10_000, stragglers=True) == 157
+    assert prog(chunk_size=1_000).chunk_size(10_000, stragglers=True) == 1_000
+    assert prog(multi_client=16).chunk_size(10_000, stragglers=True) == 144
+    assert prog().chunk_size(6, stragglers=True) == prog().chunk_size(6) == 1
+
+
+def test_over_selection_stops_training_once_enough_clients_finished():
+    """330 sampled for 300 (over_selection 0.1), results in submission order: the round stops after 300 clients,
+    and the clients sampled last are never run (with tasks of 42 clients every sampled client trained)."""
+    import types
+
+    from fedray.engine.outcomes import ClientOutcome
+    from fedray.engine.pool import PoolBase
+    from fedray.engine.programs.federated import FederatedProgram
+
+    class Pool(PoolBase):
+        size, restarts, kind = 2, 0, "local"
+
+        def __init__(self):
+            self.n, self.ran = 0, 0
+
+        def submit(self, widx, method, rnd, w, p, items, hints):
+            self.n += 1
+            self.ran += len(items)
+            return (self.n, widx, tuple(items))
+
+        def wait(self, handles, timeout=None):
+            return handles[:1]
+
+        def result(self, h):
+            return [ClientOutcome(cid=c, pos=p, weights=np.full(2, 1.0, np.float32), num_samples=1, loss=0.0,
+                                  seconds=0.0, worker="w") for p, c in h[2]]
+
+        def cancel(self, handles):
+            pass
+
+    pool = Pool()
+    cfg = types.SimpleNamespace(engine=_engine(over_selection=0.1), train=types.SimpleNamespace(clients_per_round=300))
+    prog = FederatedProgram(cfg=cfg, algorithm=types.SimpleNamespace(client_weight=lambda n: float(n)),
+                            server_opt=None, pool=pool, sizes=np.ones(400, np.int64), num_params=2)
+    out = prog.train(1, list(range(330)), None, None, None)
+    assert out.tally.clients == 300
+    assert pool.ran < 330 and out.cancelled == 330 - 300
+    np.testing.assert_allclose(out.avg, np.ones(2), rtol=1e-6)
