@@ -48,7 +48,19 @@ def make_sampler(spec: StudySpec, seed: int):
                 n_startup_trials=int(s.options.get("n_startup_trials", 10)))
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.GridSampler({p.path: p.grid_values() for p in spec.params}, seed=seed)
+    return _grid_sampler(optuna)({p.path: p.grid_values() for p in spec.params}, seed=seed)
+
+
+def _grid_sampler(optuna):
+    class GridSampler(optuna.samplers.GridSampler):
+        """Optuna's grid sampler without its ``study.stop()`` once the grid is covered: Optuna allows that call only
+        inside ``study.optimize``, and fedray asks and tells itself (the last trial's ``tell`` raised). fedray
+        limits the budget to the grid's points itself (:func:`budget`)."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            return None
+
+    return GridSampler
 
 
 def make_pruner(spec: StudySpec):
