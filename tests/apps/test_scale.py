@@ -105,7 +105,8 @@ def test_fold_group_axis_refused_for_an_algorithm_that_cannot_fold_groups(tmp_pa
         load_scale(data={"experiment": exp, "sweep": {"fold_group": [1, 4]}})
 
 
-@pytest.mark.parametrize("name", ["scale_100k.yaml", "scale_full.yaml", "scale_fold_group.yaml"])
+@pytest.mark.parametrize("name", ["scale_100k.yaml", "scale_full.yaml", "scale_fold_group.yaml", "scale_10m.yaml",
+                                  "scale_10k.yaml", "scale_curves.yaml"])
 def test_shipped_scale_files_are_valid(name):
     from pathlib import Path
 
