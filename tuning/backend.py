@@ -48,7 +48,9 @@ def make_sampler(spec: StudySpec, seed: int):
                 n_startup_trials=int(s.options.get("n_startup_trials", 10)))
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    return _grid_sampler(optuna)({p.path: p.grid_values() for p in spec.params}, seed=seed)
+    # the file's seed in every session, not the session's: the sampler numbers the points in an order shuffled by
+    # its seed and records each trial's point by number (grid_id), which a resumed session must read alike
+    return _grid_sampler(optuna)({p.path: p.grid_values() for p in spec.params}, seed=s.seed)
 
 
 def _grid_sampler(optuna):

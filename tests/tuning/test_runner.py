@@ -256,3 +256,30 @@ def test_a_grid_study_runs_to_the_end_of_its_grid(tmp_path, partition_cache, mon
     res = tune(write_study(tmp_path / "grid.yaml", d), output_dir=tmp_path / "out", log=lambda m: None)
     assert sorted(t.params["train.lr"] for t in res.trials) == [0.03, 0.05]
     assert all(t.state.name == "COMPLETE" for t in res.trials)
+
+
+def test_a_resumed_grid_study_runs_the_grid_points_it_has_not_run():
+    """A grid sampler numbers its points in an order shuffled by its seed, and records a trial's point by that
+    number (``grid_id``). Each resumed session used to get a seed of its own (``session_seed``), so a point number
+    recorded by a killed session named another value in the next: the resumed study ran one value twice and never
+    the other, then ended as finished (found by the chaos harness, issue 34). Every session of a grid study numbers
+    the points alike, so the points a dead session left visited are the ones it ran."""
+    from optuna.trial import TrialState
+
+    from tuning.backend import make_sampler, session_seed
+
+    values = [0.01, 0.02, 0.03, 0.04, 0.05, 0.06]
+    spec = parse_study({"name": "g", "base_config": base_config(Path("/tmp"), Path("/tmp")),
+                        "params": {"train.lr": {"choices": values}}, "objective": {"metric": "accuracy"},
+                        "budget": {"n_trials": len(values)}, "sampler": {"name": "grid", "seed": 0}},
+                       source_path=Path("/tmp/g.yaml"))
+    storage = optuna.storages.InMemoryStorage()
+    seen = []
+    for n_existing in range(len(values)):  # one session per trial, each killed after its trial ended
+        study = optuna.create_study(study_name="g", storage=storage, load_if_exists=True,
+                                    sampler=make_sampler(spec, session_seed(spec.sampler.seed, n_existing)))
+        trial = study.ask(spec.distributions())
+        seen.append(trial.params["train.lr"])
+        study.tell(trial, state=TrialState.FAIL if n_existing % 2 else TrialState.COMPLETE,
+                   values=None if n_existing % 2 else 0.5)
+    assert sorted(seen) == values
