@@ -136,6 +136,12 @@ class EngineConfig:
     # a coordinator that dies (its process or its node) is restarted from the last checkpoint this many times
     max_coordinator_restarts: int = 3
     device: str = "auto"  # auto | cpu | cuda
+    # torch's deterministic algorithms in every process that trains or evaluates (workers, coordinator):
+    # torch.use_deterministic_algorithms(True), cuDNN deterministic without autotuning, and cuBLAS's fixed
+    # workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set). On a GPU it makes a run's bits independent of
+    # kernel timing (docs/gpu.md); an op without a deterministic kernel then stops the run naming it. Changes GPU
+    # bits (other kernels), so it is hashed; on the CPU torch's kernels are deterministic anyway.
+    deterministic: bool = False
     max_client_retries: int = 2  # a client failing more often than this in a round is dropped
     max_worker_restarts: int = 10  # per round, before the run fails
     # a Ray worker holding a task that leaves a heartbeat (a call served on a thread of its own, answered even in
@@ -470,6 +476,8 @@ def _validate_engine(e: EngineConfig) -> None:
     if kind in ("coordinator_exit", "coordinator_stop") and e.backend != "ray":
         raise ConfigError(f"engine.fault_injection: kind {kind} needs engine.backend: ray (with local, the "
                           f"coordinator is the driver process)")
+    if not isinstance(e.deterministic, bool):
+        raise ConfigError(f"engine.deterministic: must be true or false, got {e.deterministic!r}")
     if e.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"engine.device: must be auto, cpu or cuda, got {e.device!r}")
 
@@ -487,7 +495,7 @@ def _validate_output(o: OutputConfig) -> None:
 # Fields added after runs existed: hashed only when they differ from this default, so the run names
 # (config hashes) of earlier configs stay the same.
 _HASH_ONLY_IF_NOT = {"engine.multi_client": 1, "engine.fold_group": 1, "train.local_steps": None, "plugin_code": {},
-                     "eval.metrics": []}
+                     "eval.metrics": [], "engine.deterministic": False}
 
 
 def _hash_view(d: dict, prefix: str = "", exclude: frozenset[str] | set[str] = frozenset()) -> dict:
@@ -544,5 +552,7 @@ def dump_config(cfg: ExperimentConfig) -> str:
             del d[k]
     if not d["eval"]["metrics"]:  # nor one without extra metrics
         del d["eval"]["metrics"]
+    if not d["engine"]["deterministic"]:  # nor one without torch's deterministic algorithms
+        del d["engine"]["deterministic"]
     d["data"] = {k: v for k, v in d["data"].items() if (k, v) not in (("download", False), ("mirrors", []))}  # nor these
     return yaml.safe_dump(d, sort_keys=False)

@@ -10,8 +10,8 @@ import numpy as np
 
 from fedray.core.errors import ConfigError, TransientError
 
-__all__ = ["ClientOutcome", "EvalOutcome", "GroupOutcome", "InStore", "SplitOutcome", "WorkerLost", "error_text",
-           "is_fatal"]
+__all__ = ["DETERMINISM_HINT", "GPU_OOM_HINT", "ClientOutcome", "EvalOutcome", "GroupOutcome", "InStore",
+           "SplitOutcome", "WorkerLost", "error_hint", "error_text", "is_fatal"]
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,32 @@ def is_fatal(err: BaseException) -> bool:
     return not (isinstance(err, TRANSIENT) or type(err).__name__ == "OutOfMemoryError")
 
 
+#: what a worker out of GPU memory is told: the share of the GPU that ran out is the config's (a worker's
+#: torch.cuda.set_per_process_memory_fraction is its engine.worker_num_gpus; fedray/engine/replica.py)
+GPU_OOM_HINT = ("engine.worker_num_gpus: this worker ran out of GPU memory; a worker may use engine.worker_num_gpus "
+                "of the GPU's memory, so give each one a larger share (fewer workers per GPU: engine.worker_num_gpus "
+                "or engine.workers_per_gpu) or lower train.batch_size / eval.batch_size")
+#: what an op without a deterministic kernel is told under engine.deterministic: true
+DETERMINISM_HINT = "engine.deterministic: true asks for deterministic kernels only, and this op has none"
+
+
+def error_hint(err: BaseException) -> str | None:
+    """The config field behind ``err`` when the error is one of the environment's that the config decides: torch's
+    CUDA out-of-memory error (the worker's GPU share, :data:`GPU_OOM_HINT`) and an op refused by torch's
+    deterministic mode (:data:`DETERMINISM_HINT`); None for any other."""
+    if type(err).__name__ == "OutOfMemoryError" and "CUDA" in str(err):
+        return GPU_OOM_HINT
+    if isinstance(err, RuntimeError) and "does not have a deterministic implementation" in str(err):
+        return DETERMINISM_HINT
+    return None
+
+
 def error_text(err: BaseException) -> str:
     """``"Type: message"`` then a short traceback: how a client's failure travels to the ledger (its first
-    line) and to error messages."""
-    return f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=8)}"
+    line) and to error messages. An error the config decides (:func:`error_hint`) names its field first."""
+    hint = error_hint(err)
+    head = f"{type(err).__name__}: {hint}. {err}" if hint else f"{type(err).__name__}: {err}"
+    return f"{head}\n{traceback.format_exc(limit=8)}"
 
 
 @dataclass

@@ -6,6 +6,8 @@ view, the augmentation and the device, built once per process from a :class:`Wor
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -18,11 +20,26 @@ from fedray.engine.spec import WorkerSpec
 from fedray.models import model_for_meta
 from fedray.plugins import load_plugins
 
-__all__ = ["Replica", "coordinator_device"]
+__all__ = ["CUBLAS_WORKSPACE", "Replica", "coordinator_device", "use_deterministic_torch"]
+
+#: cuBLAS's fixed workspace that deterministic cuBLAS needs (CUDA >= 10.2), unless the environment sets one
+CUBLAS_WORKSPACE = ":4096:8"
 
 
 def coordinator_device(engine_device: str) -> torch.device:
     return torch.device("cuda" if engine_device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+
+
+def use_deterministic_torch() -> None:
+    """``engine.deterministic: true`` in this process: torch's deterministic algorithms (an op without one raises,
+    naming itself), cuDNN's deterministic kernels without autotuning, and cuBLAS's fixed workspace. The variable is
+    read when cuBLAS makes its first handle, so this runs before any CUDA work of the process (a Replica is
+    built first thing in a worker and in the coordinator). Process-wide and never undone: with
+    ``engine.backend: local`` the calling process keeps the setting."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 class Replica:
@@ -37,6 +54,8 @@ class Replica:
         load_plugins(cfg)  # the user's modules, before anything is built from the registries
         self.cfg = cfg
         torch.set_num_threads(max(1, int(cfg.engine.torch_threads)))
+        if cfg.engine.deterministic:
+            use_deterministic_torch()
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         elif str(device).startswith("cuda") and not torch.cuda.is_available():
