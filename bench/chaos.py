@@ -4,14 +4,20 @@
     python bench/chaos.py --schedules 5 --kinds enospc,driver_sigkill --keep --workdir /tmp/chaos
     python bench/chaos.py --seed 0 --only 17                   # replay schedule 17 of seed 0 (same plan)
     fedray bench chaos --schedules 40                          # the same (bench/bench_chaos.py)
+    python bench/chaos.py --seed 21 --first 40 --schedules 20 --results r.jsonl   # a shard: schedules 40..59
+    python bench/chaos.py --report r.jsonl other.jsonl         # the figures of every record (docs/reliability.md)
+    python bench/chaos.py --variants sweep,tune --schedules 4  # `fedray sweep` / `fedray tune` (bench/chaos_apps.py)
+    python bench/chaos.py --cluster --schedules 10             # on a 3-node loopback cluster (bench/chaos_cluster.py)
 
 The promise (docs/reliability.md): a run either ends with the bits of the fault-free run, or fails loudly (exit
 non-zero; run.json ``failed`` with a reason, ``interrupted``, or ``killed`` when its driver was killed) and
 ``fedray run --resume`` reaches those bits; nothing written is lost or silently overwritten.
 
 A schedule is one short ``fedray run`` (the FedAvg CNN on the embedded MNIST subset, 20 clients, 4 a round, 4 rounds
-on a private local Ray with 2 workers; a program variant: plain, ``engine.fold_group``, ``engine.multi_client``)
-with 1 to ``--max-faults`` faults drawn from the seed (bench/chaos_faults.py: the kinds, how each is planned and
+on a private local Ray with 2 workers; a program variant: plain, ``engine.fold_group``, ``engine.multi_client``, the
+split program (SCALA), or an application over two such runs: ``fedray sweep``, ``fedray tune``) with ``--min-faults``
+to ``--max-faults`` faults drawn from the seed (a fault whose driver ended before it struck moves on to the next
+driver, at most ``--carry`` times) (bench/chaos_faults.py: the kinds, how each is planned and
 injected). The harness runs the driver as a subprocess, injects the faults, and after every driver that exits
 non-zero checks that the failure was loud and runs ``fedray run --resume`` (a fresh ``fedray run`` when no run.json
 was written), until a driver exits 0 or a resume is refused. Then it checks the promise:
@@ -48,11 +54,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
+import chaos_apps  # noqa: E402
 import chaos_records  # noqa: E402
-from chaos_faults import KINDS, Fault, Target, mount_tmpfs, unmount, write_spec  # noqa: E402
+from chaos_cluster import LoopbackCluster  # noqa: E402
+from chaos_faults import COORDINATOR, KINDS, WORKER, Fault, Target, mount_tmpfs, unmount, write_spec  # noqa: E402
 
 from fedray.core.io import FAULT_ENV, FAULT_LOG_ENV, is_temp_name  # noqa: E402
 from fedray.core.owner import read_run_status  # noqa: E402
+from fedray.core.ray_env import LOOPBACK_SWITCH  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TAG_ENV = "FEDRAY_CHAOS_TAG"
@@ -61,7 +70,9 @@ VARIANTS = {"federated": {}, "fold_group": {"engine": {"fold_group": 2}},
             "multi_client": {"engine": {"multi_client": 2}},
             # the split program: SCALA's server step every local iteration, on the CNN with split points
             "split": {"model": {"name": "cnn_taps"},
-                      "algorithm": {"name": "scala", "params": {"local_iters": 2, "batch_size": 40}}}}
+                      "algorithm": {"name": "scala", "params": {"local_iters": 2, "batch_size": 40}}},
+            # applications (bench/chaos_apps.py): `fedray sweep` over 2 points, `fedray tune` over a 2-value grid
+            "sweep": {}, "tune": {}}
 #: the variants drawn unless --variants names others (those of the first figures in docs/reliability.md)
 DEFAULT_VARIANTS = ["federated", "fold_group", "multi_client"]
 
@@ -115,9 +126,13 @@ class Outcome:
 
 
 # ------------------------------------------------------------------------------------------- processes
-def driver_env(tag: str, scratch: Path) -> dict:
-    """A driver's environment: no fault, no outside Ray, its own TMPDIR and RAY_TMPDIR, and the schedule's tag."""
+def driver_env(tag: str, scratch: Path, cluster: LoopbackCluster | None = None) -> dict:
+    """A driver's environment: no fault, no outside Ray (or the loopback cluster's address and token), its own
+    TMPDIR and RAY_TMPDIR, and the schedule's tag."""
     env = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_LOG_ENV, "RAY_ADDRESS")}
+    if cluster is not None:
+        env.update({k: v for k, v in cluster.env.items() if k.startswith("RAY_AUTH") or k == LOOPBACK_SWITCH},
+                   RAY_ADDRESS=cluster.address)
     (scratch / "tmp").mkdir(parents=True, exist_ok=True)
     env.update({"TQDM_DISABLE": "1", "FEDRAY_NO_WARM": "1", "RAY_USAGE_STATS_ENABLED": "0", TAG_ENV: tag,
                 "RAY_TMPDIR": str(scratch / "ray"), "TMPDIR": str(scratch / "tmp"),
@@ -173,17 +188,25 @@ class Schedule:
     scratch: Path
     tag: str
     disk: Path | None = None
+    cluster: LoopbackCluster | None = None
+    app: str | None = None  # sweep | tune: ``config`` is its file, ``run_dir`` its output directory
+
+    def progress(self) -> int:
+        """Rounds recorded so far (by all of an application's runs)."""
+        if self.app is None:
+            return rows(self.run_dir)
+        return sum(rows(d) for d in chaos_apps.run_dirs(self.app, self.config))
 
 
 def _watch(s: Schedule, proc: subprocess.Popen, attempt: int, timeout_s: float) -> bool:
     """Fire this driver's moment faults as they fall due; True when the driver outlived ``timeout_s`` (hung)."""
-    t = Target(proc, s.run_dir, s.disk)
-    start = rows(s.run_dir)
+    t = Target(proc, s.run_dir, s.disk, cluster=s.cluster)
+    start = s.progress()
     pending = [f for f in s.faults if f.attempt == attempt and KINDS[f.kind].fire is not None]
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None:
         now = time.monotonic()
-        done = rows(s.run_dir) - start
+        done = s.progress() - start
         for f in pending:
             if f.fired:
                 continue
@@ -212,7 +235,9 @@ def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Att
     cmd = [sys.executable, "-m", "fedray", "run", "--quiet"]
     cmd += ["--resume", str(s.run_dir)] if command == "resume" else [str(s.config)]
     cmd += ["--overwrite"] if command == "overwrite" else []
-    env = driver_env(s.tag, s.scratch)
+    if s.app is not None:
+        cmd = chaos_apps.command(s.app, s.config, command == "resume")
+    env = driver_env(s.tag, s.scratch, s.cluster)
     log = s.scratch / f"driver-{attempt}.log"
     spec = write_spec(s.faults, attempt)
     if spec:
@@ -237,7 +262,11 @@ def run_driver(s: Schedule, attempt: int, command: str, timeout_s: float) -> Att
     if s.disk is not None:
         for p in s.disk.glob("filler*"):
             p.unlink()  # space is back for the resume
-    if (s.run_dir / "run.json").is_file():
+    if s.cluster is not None:
+        s.cluster.heal()  # a worker node whose raylet was killed is started again before the resume
+    if s.app is not None:
+        a.status, a.reason = chaos_apps.session_status(s.app, s.config)
+    elif (s.run_dir / "run.json").is_file():
         _, a.status, a.reason = read_run_status(s.run_dir)
     return a
 
@@ -310,6 +339,8 @@ def plan(seed: int, index: int, variants: list[str], kinds: list[str], max_fault
     every = rng.choice([1, 1, 2])
     checkpoints = len({min(r, ROUNDS) for r in range(every, ROUNDS + every, every)})
     n = rng.randint(min_faults, max_faults)
+    if variant in chaos_apps.APPS:  # no tmpfs of its own, no single partition to damage
+        kinds = [k for k in kinds if not KINDS[k].disk and k != "shard_corrupt"]
     faults = [KINDS[rng.choice(kinds)].plan(rng, ROUNDS, checkpoints) for _ in range(n)]
     return variant, faults, every
 
@@ -327,13 +358,18 @@ def run_schedule(ctx: Context, index: int) -> Outcome:
             raise RuntimeError("disk_full needs a tmpfs of its own (mount -t tmpfs): run as root, or leave it out")
         root = disk
     cfg_path = scratch / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(experiment(variant, root / "runs", ctx.cache, checkpoint_every=every)))
-    s = Schedule(index, variant, faults, cfg_path, root / "runs" / "run", scratch, tag, disk)
+    cfg = experiment(variant if variant not in chaos_apps.APPS else "federated", root / "runs", ctx.cache,
+                     checkpoint_every=every)
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    s = Schedule(index, variant, faults, cfg_path, root / "runs" / "run", scratch, tag, disk, ctx.cluster)
+    if variant in chaos_apps.APPS:
+        s.app, s.config = variant, chaos_apps.write_files(variant, cfg, root / "app")
+        s.run_dir = chaos_apps.out_dir(variant, s.config)
     t0 = time.monotonic()
     try:
         _drive(ctx, s, out)
     finally:
-        out.leaked = reap(tag)
+        out.leaked = reap(tag) + (actors_left(ctx.cluster) if ctx.cluster is not None else [])
         if out.leaked:
             out.problems.append(f"processes left after the run: {out.leaked}")
         stray = [p.name for p in (scratch / "tmp").iterdir()] if (scratch / "tmp").is_dir() else []
@@ -362,14 +398,17 @@ def _drive(ctx: Context, s: Schedule, out: Outcome) -> None:
     limit = 2 + len(s.faults) * (1 + ctx.carry) + sum(1 for f in s.faults if f.attempt > 0)
     command = "run"
     for attempt in range(limit):
-        a = run_driver(s, attempt, command, ctx.timeout_s)
+        a = run_driver(s, attempt, command, ctx.timeout_s * (2 if s.app else 1))
         out.attempts.append(a)
         if a.rc != 0:
             carry_over(s.faults, attempt, ctx.carry)
         if a.hung:
             out.problems.append(f"driver {attempt} still ran after {ctx.timeout_s:.0f} s (hung); killed")
         if a.rc == 0:
-            out.ending, problems = check_ending(s.run_dir, ROUNDS, ctx.references[s.variant])
+            if s.app is not None:
+                out.ending, problems = chaos_apps.check(s.app, s.config, ctx.references[s.variant], check_ending)
+            else:
+                out.ending, problems = check_ending(s.run_dir, ROUNDS, ctx.references[s.variant])
             out.problems += problems
             return
         if a.rc == 2 and "start over with --overwrite" in a.tail and command == "resume":
@@ -383,7 +422,7 @@ def _drive(ctx: Context, s: Schedule, out: Outcome) -> None:
         wrong = _loud(a)
         if wrong:
             out.problems.append(wrong)
-        command = "resume" if (s.run_dir / "run.json").is_file() else "run"
+        command = "resume" if (s.run_dir / ("run.json" if s.app is None else "")).exists() else "run"
     out.problems.append(f"no driver finished the run in {limit} tries")
 
 
@@ -406,33 +445,58 @@ class Context:
     max_faults: int = 3
     timeout_s: float = 300.0
     keep: bool = False
-    references: dict[str, str] = field(default_factory=dict)
+    references: dict = field(default_factory=dict)  # variant -> weights hash (an application's: lr -> results)
     min_faults: int = 1
     carry: int = 0  # times a fault that did not strike moves on to the next driver (0: the first harness's rule)
-    mode: str = "one-node"  # one-node: a private local Ray per driver
+    mode: str = "one-node"  # one-node: a private local Ray per driver; cluster: every driver joins ``cluster``
+    cluster: LoopbackCluster | None = None
 
 
-def reference(ctx: Context, variant: str) -> str:
-    """The fault-free run's weights hash: the same command, no fault."""
+def reference(ctx: Context, variant: str):
+    """The fault-free run's weights hash: the same command, no fault (an application's: its results by lr)."""
     root = ctx.workdir / f"ref-{variant}"
     shutil.rmtree(root, ignore_errors=True)
     cfg = root / "config.yaml"
     root.mkdir(parents=True)
-    cfg.write_text(yaml.safe_dump(experiment(variant, root / "runs", ctx.cache)))
+    app = variant if variant in chaos_apps.APPS else None
+    base = experiment("federated" if app else variant, root / "runs", ctx.cache)
+    cfg.write_text(yaml.safe_dump(base))
+    cmd = [sys.executable, "-m", "fedray", "run", "--quiet", str(cfg)]
+    if app:
+        cfg = chaos_apps.write_files(app, base, root / "app")
+        cmd = chaos_apps.command(app, cfg, False)
     tag = uuid.uuid4().hex[:10]
     scratch = Path(tempfile.mkdtemp(prefix=f"fc-{tag[:6]}-", dir="/tmp"))
     try:
-        r = subprocess.run([sys.executable, "-m", "fedray", "run", "--quiet", str(cfg)], cwd=ROOT,
-                           env=driver_env(tag, scratch), capture_output=True, text=True, timeout=ctx.timeout_s)
+        r = subprocess.run(cmd, cwd=ROOT, env=driver_env(tag, scratch, ctx.cluster), capture_output=True, text=True,
+                           timeout=ctx.timeout_s * (3 if app else 1))
         reap(tag)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if r.returncode != 0:
         raise RuntimeError(f"the fault-free {variant} run failed (exit {r.returncode}): {r.stderr[-2000:]}")
+    if app:
+        return chaos_apps.results(app, cfg)
     return json.loads((root / "runs" / "run" / "summary.json").read_text())["weights_hash"]
 
 
-def available_kinds(names: list[str] | None) -> list[str]:
+def actors_left(cluster: LoopbackCluster, wait_s: float = 30.0) -> list[str]:
+    """The run's actor processes still alive on the cluster ``wait_s`` after its last driver ended (Ray ends a job's
+    actors with its driver); SIGKILLed and named."""
+    deadline = time.monotonic() + wait_s
+    while cluster.actors([WORKER, COORDINATOR]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    names = []
+    for p in cluster.actors([WORKER, COORDINATOR]):
+        try:
+            names.append(f"pid {p.pid} {' '.join(p.cmdline())[:70]} (cluster actor)")
+            p.kill()
+        except psutil.Error:
+            continue
+    return names
+
+
+def available_kinds(names: list[str] | None, cluster: bool = False) -> list[str]:
     """The kinds drawn: ``names`` (checked), else every default kind this machine can inject."""
     if names:
         unknown = [n for n in names if n not in KINDS]
@@ -440,7 +504,7 @@ def available_kinds(names: list[str] | None) -> list[str]:
             raise SystemExit(f"chaos: unknown fault kind(s) {unknown}; known: {', '.join(KINDS)}")
         return names
     can_mount = os.geteuid() == 0 and shutil.which("mount") is not None
-    return [k.name for k in KINDS.values() if k.default and (can_mount or not k.disk)]
+    return [k.name for k in KINDS.values() if (k.default or (cluster and k.cluster)) and (can_mount or not k.disk)]
 
 
 def summarize(outcomes: list[Outcome]) -> dict:
@@ -484,8 +548,8 @@ def run(ctx: Context, indices: list[int], log=print, results: Path | None = None
 
 
 def replay_args(ctx: Context) -> str:
-    kinds = "" if ctx.kinds == available_kinds(None) else f" --kinds {','.join(ctx.kinds)}"
-    return (f"--seed {ctx.seed} --variants {','.join(ctx.variants)} --min-faults {ctx.min_faults} "
+    kinds = "" if ctx.kinds == available_kinds(None, ctx.cluster is not None) else f" --kinds {','.join(ctx.kinds)}"
+    return (f"{'--cluster ' if ctx.cluster is not None else ''}--seed {ctx.seed} --variants {','.join(ctx.variants)} --min-faults {ctx.min_faults} "
             f"--max-faults {ctx.max_faults} --carry {ctx.carry}{kinds}")
 
 
@@ -508,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the figures and every schedule's outcome to this file")
     ap.add_argument("--results", help="append one JSON line per finished schedule to this file (shards accumulate; "
                                       "a schedule already in it is refused)")
+    ap.add_argument("--cluster", action="store_true", help="run every schedule against a head and 2 worker nodes "
+                                                            "started with `ray start` on 127.0.0.1 (adds the fault "
+                                                            "raylet_sigkill)")
     ap.add_argument("--report", nargs="+", metavar="FILE", help="print the figures of these results files; run nothing")
     args = ap.parse_args(argv)
     if args.report:
@@ -517,8 +584,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"chaos: unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fedray-chaos-"))
     ctx = Context(args.seed, workdir, workdir / "partitions", args.variants.split(","),
-                  available_kinds(args.kinds.split(",") if args.kinds else None), args.max_faults, args.timeout,
-                  args.keep, min_faults=args.min_faults, carry=args.carry)
+                  available_kinds(args.kinds.split(",") if args.kinds else None, args.cluster), args.max_faults,
+                  args.timeout, args.keep, min_faults=args.min_faults, carry=args.carry,
+                  mode="cluster" if args.cluster else "one-node")
     indices = args.only or list(range(args.first, args.first + args.schedules))
     results = Path(args.results) if args.results else None
     if results is not None:
@@ -529,7 +597,14 @@ def main(argv: list[str] | None = None) -> int:
                              f"settings; run other indices (--first) or another seed")
     print(f"[chaos] seed {args.seed}: kinds {', '.join(ctx.kinds)}; variants {', '.join(ctx.variants)}; "
           f"schedules {indices[0]}..{indices[-1]}; in {workdir}")
-    outcomes = run(ctx, indices, results=results)
+    try:
+        if args.cluster:
+            ctx.cluster = LoopbackCluster().start()
+            print(f"[chaos] a head and 2 worker nodes on 127.0.0.1 (token auth): {ctx.cluster.address}")
+        outcomes = run(ctx, indices, results=results)
+    finally:
+        if ctx.cluster is not None:
+            ctx.cluster.stop()
     fig = summarize(outcomes)
     print(f"\nchaos figures (seed {args.seed}, schedules {indices[0]}..{indices[-1]})\n{chaos_records.table(fig)}")
     if args.json:

@@ -22,7 +22,7 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
@@ -65,6 +65,7 @@ class Target:
     run_dir: Path
     disk: Path | None = None
     stopped: list[int] = field(default_factory=list)  # pids SIGSTOPped, resumed at the end
+    cluster: Any = None  # the loopback cluster the driver joined (bench/chaos_cluster.py), if any
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Kind:
     fire: Callable[[Fault, Target], bool] | None  # moment kinds: inject now; False when there is nothing to act on
     ray: bool = False  # needs Ray processes (engine.backend ray)
     disk: bool = False  # needs the run directory on a tmpfs of the harness's own
+    cluster: bool = False  # needs the loopback cluster (--cluster)
     default: bool = True  # drawn unless --kinds names the kinds
     note: str = ""
 
@@ -130,16 +132,21 @@ def _signal_one(procs: list[psutil.Process], sig: int, fault: Fault) -> int | No
     return p.pid
 
 
+def _actors(t: Target, pattern: re.Pattern) -> list[psutil.Process]:
+    """The run's actor processes of that title: the driver's descendants (its private Ray), or the cluster's."""
+    return ray_processes(t.driver, pattern) + (t.cluster.actors([pattern]) if t.cluster is not None else [])
+
+
 def _kill(pattern: re.Pattern, sig: int = signal.SIGKILL) -> Callable[[Fault, Target], bool]:
     def fire(fault: Fault, t: Target) -> bool:
-        return _signal_one(ray_processes(t.driver, pattern), sig, fault) is not None
+        return _signal_one(_actors(t, pattern), sig, fault) is not None
     return fire
 
 
 def _stop(pattern: re.Pattern) -> Callable[[Fault, Target], bool]:
     """SIGSTOP one of the processes: hung, not dead (SIGKILLed when its driver ends, if nothing did before)."""
     def fire(fault: Fault, t: Target) -> bool:
-        pid = _signal_one(ray_processes(t.driver, pattern), signal.SIGSTOP, fault)
+        pid = _signal_one(_actors(t, pattern), signal.SIGSTOP, fault)
         if pid is not None:
             t.stopped.append(pid)
         return pid is not None
@@ -173,6 +180,13 @@ def fill(path: Path) -> int:
                 n += f.write(small) or 0
             except OSError:
                 return n
+
+
+def _kill_raylet(fault: Fault, t: Target) -> bool:
+    if t.cluster is None or t.driver.poll() is not None:
+        return False
+    fault.note = t.cluster.kill_raylet(fault.pick) or ""
+    return bool(fault.note)
 
 
 def _fill_disk(fault: Fault, t: Target) -> bool:
@@ -249,6 +263,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("coordinator_sigstop", _moment("coordinator_sigstop"), _stop(COORDINATOR), ray=True,
          note="a hung coordinator: found by the driver's heartbeat (engine.heartbeat_s), restarted from the last "
               "checkpoint"),
+    Kind("raylet_sigkill", _moment("raylet_sigkill"), _kill_raylet, ray=True, cluster=True, default=False,
+         note="a worker node's raylet SIGKILLed (its workers die with it); the node is started again before the "
+              "next driver"),
 ]}
 
 
