@@ -158,3 +158,20 @@ def test_results_accumulate_once_per_schedule_and_report_the_figures(tmp_path, c
     with pytest.raises(SystemExit, match=r"already holds schedule\(s\) \[1\]"):
         main(["--seed", "3", "--first", "0", "--schedules", "2", "--results", str(b.with_name("c.jsonl")),
               "--variants", "federated", "--kinds", "driver_sigkill", "--workdir", str(tmp_path / "w")])
+
+
+def test_a_fault_its_driver_outlived_moves_on_at_most_carry_times_and_plans_keep_their_counts():
+    from bench.chaos import carry_over
+    from bench.chaos_faults import Fault
+
+    faults = [Fault("driver_sigkill", attempt=0, fired=True), Fault("worker_sigkill", attempt=0),
+              Fault("enospc", attempt=1, write="latest@1=enospc")]
+    for attempt in range(4):
+        carry_over(faults, attempt, 2)
+    assert [(f.attempt, f.carried) for f in faults] == [(0, 0), (2, 2), (3, 2)]
+    kinds = [k for k, v in KINDS.items() if v.default and not v.disk]
+    for i in range(20):
+        assert 2 <= len(plan(9, i, ["federated"], kinds, 6, min_faults=2)[1]) <= 6
+    # apps draw no fault that needs a run directory of their own (a tmpfs, the partition of one run)
+    assert not {f.kind for i in range(30) for f in plan(9, i, ["sweep", "tune"], list(KINDS), 6, 2)[1]} \
+        & {"disk_full", "shard_corrupt"}
