@@ -322,8 +322,10 @@ def _ledger_problems(run_dir: Path, rounds: int) -> list[str]:
 
 def _loud(a: Attempt) -> str | None:
     """What is wrong with a driver that exited non-zero, if anything: its failure must be on record."""
-    if a.status is None or a.status in ("interrupted", "killed", "finished"):
-        return None  # no run.json yet (died in set-up), stopped with a checkpoint, or killed: the record says so
+    if a.status is None or a.status in ("interrupted", "killed", "finished", "crashed", "aborted"):
+        # no run.json yet (died in set-up), stopped with a checkpoint, or killed: the record says so; an application's
+        # session ends crashed / aborted (its traceback in its log), finished when a run failed (that run's record)
+        return None
     if a.status == "failed":
         return None if a.reason else "run.json says failed without a reason"
     return f"driver {a.number} exited {a.rc} but run.json says {a.status}"
