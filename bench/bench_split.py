@@ -99,8 +99,10 @@ def run_fedray(rounds: int, workdir: Path, extra: list[str]) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- one process
-def run_loop(rounds: int, workdir: Path) -> dict:
-    """SCALA in plain PyTorch, one process, one thread (same data, clients, B_k and model as fedray)."""
+def run_loop(rounds: int, workdir: Path, cfg=None, device: str = "cpu") -> dict:
+    """SCALA in plain PyTorch, one process, one thread (same data, clients, B_k and model as fedray). ``cfg``: another
+    configuration of the same program (default this benchmark's, in-process); ``device``: where the models and the
+    minibatches live (bench/gpu/gpu_bench.py runs it on the GPU; the timers then synchronise the device)."""
     from fedray.data.loader import to_float
     from fedray.driver.setup import prepare_data
     from fedray.engine.split_layout import batch_plan, batch_sizes
@@ -108,7 +110,15 @@ def run_loop(rounds: int, workdir: Path) -> dict:
     from fedray.models.registry import build_model
 
     torch.set_num_threads(1)
-    cfg = make_cfg(rounds, workdir, ["engine.backend=local"])
+    if cfg is None:
+        cfg = make_cfg(rounds, workdir, ["engine.backend=local"])
+    dev = torch.device(device)
+
+    def now() -> float:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter()
+
     _, store = prepare_data(cfg)
     meta = store.meta
     sizes_all = np.asarray(store.sizes, np.int64)
@@ -123,7 +133,7 @@ def run_loop(rounds: int, workdir: Path) -> dict:
 
     torch.manual_seed(int(cfg.seed))
     c, h, w = (int(s) for s in meta.shape)
-    model = build_model(cfg.model.name, in_channels=c, image_size=(h, w), num_classes=nc, **cfg.model.params)
+    model = build_model(cfg.model.name, in_channels=c, image_size=(h, w), num_classes=nc, **cfg.model.params).to(dev)
     g_client, server = model.split(point)
     replicas = [copy.deepcopy(model).split(point)[0] for _ in range(K)]
     s_params = [q for q in server.parameters() if q.requires_grad]
@@ -133,7 +143,7 @@ def run_loop(rounds: int, workdir: Path) -> dict:
     per_iter, mb = [], []
     parts = {"clients": [], "server": [], "other": []}
     for rnd in range(1, rounds + 1):
-        t0 = time.perf_counter()
+        t0 = now()
         t_cl = t_sv = 0.0
         sampled = np.random.default_rng([int(cfg.seed), rnd]).choice(len(sizes_all), size=K, replace=False)
         sizes = sizes_all[sampled]
@@ -151,22 +161,22 @@ def run_loop(rounds: int, workdir: Path) -> dict:
             part.train()
             opt = torch.optim.SGD(list(part.parameters()), lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
             plan = batch_plan(np.random.default_rng([int(cfg.seed), rnd, int(cid)]), len(labels), int(bks[k]), iters)
-            prior = torch.as_tensor(counts_all[cid] / max(counts_all[cid].sum(), 1), dtype=torch.float32)
+            prior = torch.as_tensor(counts_all[cid] / max(counts_all[cid].sum(), 1), dtype=torch.float32, device=dev)
             clients.append((part, opt, plan, images, labels, prior))
         nbytes = 0
         for it in range(iters):
-            t1 = time.perf_counter()
+            t1 = now()
             outs, acts, ys, priors = [], [], [], []
             for part, opt, plan, images, labels, prior in clients:
                 idx = plan[it]
-                xb = to_float(torch.from_numpy(np.ascontiguousarray(images[idx])), meta, normalize)
-                yb = torch.from_numpy(np.ascontiguousarray(labels[idx], dtype=np.int64))
+                xb = to_float(torch.from_numpy(np.ascontiguousarray(images[idx])), meta, normalize).to(dev)
+                yb = torch.from_numpy(np.ascontiguousarray(labels[idx], dtype=np.int64)).to(dev)
                 out = part(xb)
                 outs.append(out)
                 acts.append(out.detach())
                 ys.append(yb)
                 priors.append(prior.expand(len(yb), nc))
-            t2 = time.perf_counter()
+            t2 = now()
             t_cl += t2 - t1
             a = torch.cat(acts, 0).requires_grad_(True)
             y = torch.cat(ys, 0)
@@ -181,7 +191,7 @@ def run_loop(rounds: int, workdir: Path) -> dict:
                 torch.nn.utils.clip_grad_norm_(s_params, float(t.grad_clip))
             s_opt.step()
             rows = torch.split(ga, [len(v) for v in ys], 0)
-            t3 = time.perf_counter()
+            t3 = now()
             t_sv += t3 - t2
             nbytes += a.numel() * a.element_size() + ga.numel() * ga.element_size()
             for (part, opt, *_), out, g in zip(clients, outs, rows):
@@ -190,7 +200,7 @@ def run_loop(rounds: int, workdir: Path) -> dict:
                 if t.grad_clip is not None:
                     torch.nn.utils.clip_grad_norm_(list(part.parameters()), float(t.grad_clip))
                 opt.step()
-            t_cl += time.perf_counter() - t3
+            t_cl += now() - t3
         total = float(sizes.sum())
         with torch.no_grad():  # weighted average of the client-side parts, folded in sampled order
             for j, dst in enumerate(g_client.parameters()):
@@ -199,7 +209,7 @@ def run_loop(rounds: int, workdir: Path) -> dict:
                     v = list(part.parameters())[j] * (float(sizes[k]) / total)
                     acc = v if acc is None else acc.add_(v)
                 dst.copy_(acc)
-        wall = time.perf_counter() - t0
+        wall = now() - t0
         if rnd > 1:
             per_iter.append(wall / iters)
             mb.append(nbytes / iters / MB)
