@@ -15,6 +15,11 @@ generating client). Stages, each timed, with the process's peak resident memory 
    private memory (RssAnon) before and after, read latency;
 7. with ``--partitioners``: each other partitioner on the same labels, in a process of its own (seconds, peak).
 
+``--driver-peak iid,dirichlet,...`` instead measures what a run's driver does with each partitioner at this size,
+each in a process of its own: generate the data set, then build the partition from scratch (partitioner, hash,
+packed files, manifest, client index) with the data set held beside it; prints seconds and the peak RSS (VmHWM)
+after each stage (issue 30's target: a driver peak of at most 2 GB).
+
 Usage (outputs outside the repository; 10 million clients take about 25 minutes on 2 busy cores)::
 
     nice -n 10 python bench/bench_scale_partition.py --clients 10000000 --root /work/scale/p10m \\
@@ -91,6 +96,42 @@ def _open_child(args) -> int:
     return 0
 
 
+_PARAMS = {"dirichlet": {"alpha": 0.3}, "shards": {"shards_per_client": 2}, "classes_per_client": {"classes": 2}}
+
+
+def _driver_child(args) -> int:
+    """Child mode: data set, then the partition ``args.build`` built beside it; prints a JSON line."""
+    import tempfile
+
+    from fedray.data.sources import load_source
+    from fedray.data.store import build_partition
+
+    n, s = args.clients, args.samples
+    t = time.perf_counter()
+    bundle = load_source("synthetic", num_clients=n, min_samples=s, max_samples_per_client=s, dimension=args.dimension,
+                         train_fraction=args.train_fraction, max_test_samples=args.max_test, max_total_samples=n * s)
+    gen_s, gen_peak = time.perf_counter() - t, _status("VmHWM")
+    spec = {"name": args.build, "num_clients": n, "seed": 0, **_PARAMS.get(args.build, {})}
+    with tempfile.TemporaryDirectory(dir=args.root) as tmp:
+        t = time.perf_counter()
+        build_partition(bundle, spec, Path(tmp), overwrite=True)
+        build_s = time.perf_counter() - t
+    print(json.dumps({"generate_s": gen_s, "generate_peak_mb": gen_peak, "build_s": build_s,
+                      "peak_mb": _status("VmHWM")}))
+    return 0
+
+
+def _driver_peaks(args) -> int:
+    for name in [x for x in args.driver_peak.split(",") if x]:
+        argv = ["--build", name, "--clients", str(args.clients), "--samples", str(args.samples),
+                "--dimension", str(args.dimension), "--train-fraction", str(args.train_fraction),
+                "--max-test", str(args.max_test)] + (["--root", str(args.root)] if args.root else [])
+        got = _child(argv)
+        print(f"driver with {name:<20} generate {got['generate_s']:6.1f} s (peak {got['generate_peak_mb']:6.0f} MiB), "
+              f"build {got['build_s']:6.1f} s, peak RSS {got['peak_mb']:6.0f} MiB", flush=True)
+    return 0
+
+
 def _child(argv: list[str]) -> dict:
     out = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -134,7 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--labels", help=argparse.SUPPRESS)
     ap.add_argument("--params", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--open", help=argparse.SUPPRESS)
+    ap.add_argument("--build", help=argparse.SUPPRESS)
+    ap.add_argument("--driver-peak", default="", help="comma-separated partitioners: a driver's peak with each (above)")
     args = ap.parse_args(argv)
+    if args.build:
+        return _driver_child(args)
+    if args.driver_peak:
+        return _driver_peaks(args)
     if args.one:
         return _one_partitioner(args)
     if args.open:
@@ -191,7 +238,7 @@ def _partitioners(args, labels: np.ndarray, root: Path) -> None:
         return
     path = root.parent / f"{root.name}-labels.npy"
     np.save(path, labels)
-    params = {"dirichlet": {"alpha": 0.3}, "shards": {"shards_per_client": 2}, "classes_per_client": {"classes": 2}}
+    params = _PARAMS
     try:
         for name in names:
             got = _child(["--one", name, "--labels", str(path), "--clients", str(args.clients),

@@ -86,11 +86,12 @@ class ClientIndex(Sequence):
                                 f"[{int(part.min())}, {int(part.max())}]")
             counts += np.bincount(part.astype(np.int64) + 1, minlength=num_clients + 1)
         order = np.argsort(owner, kind="stable")
-        rows = order[int(counts[0]):]
+        # every row assigned: the order is the rows (a copy would hold both: 8 bytes a row more at the peak)
+        rows = order if counts[0] == 0 else order[int(counts[0]):].copy()
         del order
         offsets = np.zeros(num_clients + 1, dtype=np.int64)
         np.cumsum(counts[1:], out=offsets[1:])
-        return cls(rows if rows.base is None else rows.copy(), offsets)
+        return cls(rows, offsets)
 
     # -- the Sequence of arrays ----------------------------------------------------------------------
     def __len__(self) -> int:

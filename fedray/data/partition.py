@@ -144,6 +144,7 @@ def _iid(labels, num_clients, seed, domains, natural, *, remainder):
     owner = np.full(m, -1, dtype=np.int64)
     used = int(sizes.sum())
     owner[perm[:used]] = np.repeat(np.arange(num_clients), sizes)
+    del perm  # not held through the sort of the owners (8 bytes a row at the peak)
     return _split_by_owner(owner, num_clients)
 
 
