@@ -11,6 +11,8 @@
 # figures to $OUT/<step>.json as it goes and its output to $OUT/run_all.log; a step that fails or runs out of time is
 # recorded and the next one starts. Steps and limits (seconds; about 9 minutes in all at most):
 #   env 40 | tests 90 | packing 170 | multiclient 70 | determinism 80 | oom 45 | split 55 (550 s at most)
+# FEDRAY_GPU_STEPS="env packing" runs only the steps named (a rerun of some with the minutes left);
+# FEDRAY_GPU_RUNTIME=PATH another runtime tarball (prepare.sh's PYVER=3.11 one, to try the GPU path here).
 # Eight files come back from $OUT (the device returns at most 8): env, tests, packing, multiclient, determinism, oom,
 # split (.json) and run_all.log, whose end holds every table (bench/gpu/report.py summary).
 set -uo pipefail
@@ -41,8 +43,9 @@ if (( DRY )); then
   say "CPU dry run: $PY, engine.device cpu, tiny sizes, time limits x$SCALE, work $WORK"
 else
   PY="${PYTHON:-python3}"
+  SCALE="${FEDRAY_GPU_TIME_SCALE:-1}"
   DRYFLAG=()
-  TARBALL="$HERE/.runtime/ray-cp312.tar.xz"
+  TARBALL="${FEDRAY_GPU_RUNTIME:-$HERE/.runtime/ray-cp312.tar.xz}"
   SITE="$WORK/site"
   mkdir -p "$SITE"
   if [[ ! -f "$TARBALL" ]]; then
@@ -50,7 +53,10 @@ else
     exit 2
   fi
   say "unpacking $(basename "$TARBALL") into $SITE"
-  tar -C "$SITE" -xJf "$TARBALL" || { say "unpacking failed"; exit 2; }
+  # tar with xz when the image has xz; else Python's own lzma and tarfile
+  tar -C "$SITE" -xJf "$TARBALL" 2>/dev/null \
+    || "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$TARBALL" "$SITE" \
+    || { say "unpacking failed"; exit 2; }
   export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
   say "unpacked: $(cat "$SITE/FEDRAY_RUNTIME.txt")"
 fi
@@ -60,6 +66,10 @@ export OUT WORK PY DRY SITE="${SITE:-}"  # the steps that are functions run in `
 STATUS=()
 step() {  # step NAME LIMIT_S COMMAND...: run under `timeout`, record how it ended
   local name="$1" limit=$(( $2 * SCALE )); shift 2
+  if [[ -n "${FEDRAY_GPU_STEPS:-}" && " $FEDRAY_GPU_STEPS " != *" $name "* ]]; then
+    say "step $name: skipped (FEDRAY_GPU_STEPS=$FEDRAY_GPU_STEPS)"
+    return 0
+  fi
   say "step $name: start (limit ${limit}s)"
   local t0=$(date +%s)
   timeout -k 10 "$limit" "$@"
