@@ -136,11 +136,9 @@ def _iid(labels, num_clients, seed, domains, natural, *, remainder):
     rng = np.random.default_rng(seed)
     perm = rng.permutation(m)
     size, rest = divmod(m, num_clients)
+    sizes = np.full(num_clients, size, dtype=np.int64)
     if remainder == "spread":
-        sizes = np.full(num_clients, size, dtype=np.int64)
         sizes[:rest] += 1
-    else:
-        sizes = np.full(num_clients, size, dtype=np.int64)
     owner = np.full(m, -1, dtype=np.int64)
     used = int(sizes.sum())
     owner[perm[:used]] = np.repeat(np.arange(num_clients), sizes)
