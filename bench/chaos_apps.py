@@ -8,8 +8,9 @@ After each driver that exits non-zero the harness runs the same command with ``-
   once, ``run.json`` says ``finished``, no temporary file is left (as a single run's check);
 - ``sweep.json`` / ``study.json``: no session still says ``running`` (a killed driver's reads ``killed``), the last
   one ``finished``;
-- the study's journal loads (Optuna), no trial is left ``RUNNING``, a ``FAIL``ed trial is an orphan of a killed
-  driver (``orphaned``) whose ``run.json`` no longer says ``running``, and every grid value has a COMPLETE trial.
+- the study's journal loads (Optuna), no trial is left ``RUNNING``, every ``FAIL``ed trial (an orphan of a killed
+  driver, an interrupted one, or one whose run failed) was run again (``retry_of``) and its ``run.json`` no longer
+  says ``running``, and every grid value has a COMPLETE trial.
 """
 
 from __future__ import annotations
@@ -142,12 +143,11 @@ def _journal_problems(spec: Path) -> list[str]:
     for t in trials:
         if t.state.name == "RUNNING":
             problems.append(f"trial {t.number} still RUNNING in the journal")
-        if t.state.name == "FAIL":
-            if not (t.user_attrs.get("orphaned") or t.user_attrs.get("interrupted")):
-                problems.append(f"trial {t.number} FAIL, not as an orphan of a killed driver nor interrupted: "
-                                f"{t.user_attrs}")
-            elif set(t.params) == {"train.lr"} and not any(r.user_attrs.get("retry_of") == t.number for r in trials):
-                problems.append(f"trial {t.number} left by a killed or stopped driver was never run again")
+        if t.state.name == "FAIL":  # orphaned, interrupted, or its run failed: a --resume runs it again
+            if set(t.params) == {"train.lr"} and not any(r.user_attrs.get("retry_of") == t.number for r in trials):
+                why = ("left by a killed or stopped driver" if t.user_attrs.get("orphaned")
+                       or t.user_attrs.get("interrupted") else "failed")
+                problems.append(f"trial {t.number} {why} was never run again: {t.user_attrs}")
             rd = t.user_attrs.get("run_dir")
             if rd and (Path(rd) / "run.json").is_file():
                 status = json.loads((Path(rd) / "run.json").read_text()).get("status")

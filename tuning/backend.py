@@ -105,13 +105,21 @@ def budget(spec: StudySpec, log) -> int:
     return spec.n_trials
 
 
-def counts_toward_budget(t) -> bool:
-    """Complete, pruned and failed trials count; the ones a stop or a dead driver left (re-run) do not."""
+def counted_trials(trials: list) -> list:
+    """The trials that count toward the budget: complete, pruned and failed ones. Not the ones a stop or a dead driver
+    left (re-run), nor a failed one that a ``--resume`` runs again (a trial enqueued with ``retry_of`` it and
+    ``retry_reason`` ``failed``, :func:`tuning.trial.recover`): its re-run counts in its place."""
     from optuna.trial import TrialState
 
-    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
-        return True
-    return t.state == TrialState.FAIL and not (t.user_attrs.get("orphaned") or t.user_attrs.get("interrupted"))
+    rerun = {t.user_attrs["retry_of"] for t in trials if t.user_attrs.get("retry_reason") == "failed"}
+
+    def counts(t) -> bool:
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            return True
+        a = t.user_attrs
+        return t.state == TrialState.FAIL and not (a.get("orphaned") or a.get("interrupted")) and t.number not in rerun
+
+    return [t for t in trials if counts(t)]
 
 
 def best_postfix(study, spec: StudySpec) -> dict:

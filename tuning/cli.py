@@ -89,10 +89,11 @@ def _known_trials(spec: StudySpec, grid: int | None, n_trials: int, log) -> None
 
 def run_cli(args, prog: str) -> int:
     """Shared body of the two command lines: run (or list with ``--dry-run``), print a summary, map errors to exit
-    codes: 0 done, 1 study aborted, 2 a bad study file or arguments, 130 interrupted."""
+    codes: 0 done, 1 study aborted or a trial's run failed, 2 a bad study file or arguments, 130 interrupted."""
     from fedray.data.table import DataError
     from tuning.driver import StudyAborted, tune
     from tuning.study import load_study
+    from tuning.trial import first_line
 
     try:
         if args.dry_run:
@@ -113,4 +114,13 @@ def run_cli(args, prog: str) -> int:
     for p in res.outputs:
         print(f"wrote {p}")
     print(f"study directory: {res.study_dir}")
-    return 130 if res.interrupted else 0
+    if res.interrupted:
+        return 130
+    if res.failed and not args.outputs_only:  # a grid point or sample without a value: never a quiet success
+        print(f"{prog}: {len(res.failed)} trial(s) failed and are left out of the study's outputs; --resume runs each "
+              f"once more:", file=sys.stderr)
+        for t in res.failed:
+            print(f"  trial {t.number} {json.dumps(t.params, sort_keys=True)}: {first_line(t.user_attrs.get('error'))}",
+                  file=sys.stderr)
+        return 1
+    return 0

@@ -11,8 +11,9 @@ pruned.
 Resume: ``--resume`` continues a study after a crash, a SIGKILL or Ctrl-C. The driver lock (``driver.lock``,
 :mod:`tuning.study_dir`) guarantees that no other driver runs the study on this host, so every trial still
 ``RUNNING`` belongs to a dead driver: it is marked ``FAIL`` (``orphaned``) and its parameters are enqueued once as a
-new trial (``retry_of``); trials stopped by Ctrl-C/SIGTERM likewise (``interrupted``). Completed and pruned trials
-are kept and never re-run. The budget ``n_trials`` counts finished trials over all sessions. Each session seeds the
+new trial (``retry_of``); trials stopped by Ctrl-C/SIGTERM likewise (``interrupted``), and trials whose run failed
+(a session that ends with any exits 1 naming them), whose re-runs then count in their place. Completed and pruned
+trials are kept and never re-run. The budget ``n_trials`` counts finished trials over all sessions. Each session seeds the
 sampler from ``(sampler.seed, number of trials already stored)``, so a resumed study does not replay the proposals
 of the first session.
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 from fedray.apps.launcher import Launcher, RunOutcome
 from fedray.apps.slices import plan_slices
 from fedray.config import ConfigError, ExperimentConfig, from_dict
-from tuning.backend import (best_postfix, budget, counts_toward_budget, make_pruner, make_sampler, make_storage,
+from tuning.backend import (best_postfix, budget, counted_trials, make_pruner, make_sampler, make_storage,
                             mask_url, session_seed)
 from tuning.outputs import write_outputs
 from tuning.space import StudySpec
@@ -51,6 +52,12 @@ class StudyResult:
     outputs: list[Path] = field(default_factory=list)
     interrupted: bool = False
     concurrency: int = 1
+
+    @property
+    def failed(self) -> list:
+        """Trials whose run failed and that count toward the budget: the study's outputs leave them out, the command
+        exits 1 naming them, and ``--resume`` runs each once more (:func:`tuning.trial.recover`)."""
+        return [t for t in counted_trials(self.trials) if t.state.name == "FAIL"]
 
     @property
     def counts(self) -> dict[str, int]:
@@ -150,7 +157,7 @@ class StudyRunner:
         from optuna.trial import TrialState
 
         spec = self.spec
-        state = {"done": sum(1 for t in study.get_trials(deepcopy=False) if counts_toward_budget(t)),
+        state = {"done": len(counted_trials(study.get_trials(deepcopy=False))),
                  "failures": 0, "abort": None}
         deadline = time.monotonic() + spec.timeout_s if spec.timeout_s else None
         # trials done / budget on a terminal (the [tune] lines print above it); the lines alone otherwise

@@ -135,6 +135,8 @@ class TrialRun:
                 t.set_user_attr("interrupted", True)
             if out.error:
                 t.set_user_attr("error", out.error[:2000])
+            if out.fatal:  # an error of the study's config: a re-run gives the same (recover skips it)
+                t.set_user_attr("fatal", True)
             if self.spec.multi_objective and out.values:
                 t.set_user_attr("objectives", [ob.metric for ob in self.spec.objectives])
 
@@ -152,10 +154,17 @@ def enqueue_retry(study, spec: StudySpec, number: int, params: dict, reason: str
     return True
 
 
+def first_line(text: str | None) -> str:
+    """The first line of a recorded error (a trial's ``error`` attribute)."""
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else "no error recorded"
+
+
 def recover(study, spec: StudySpec, log) -> None:
     """At ``--resume`` (the driver lock is held: no other driver is alive): a trial still RUNNING was left by a dead
     driver, it is marked FAIL (``orphaned``), its run's run.json ``killed`` and its params enqueued once; an
-    interrupted one is enqueued once."""
+    interrupted one is enqueued once; one whose run failed (not for an error of the study's config) is enqueued once,
+    and its re-run, not it, counts toward the budget (:func:`tuning.backend.counted_trials`)."""
     from optuna.trial import TrialState
 
     storage = study._storage
@@ -172,3 +181,9 @@ def recover(study, spec: StudySpec, log) -> None:
         elif t.state == TrialState.FAIL and (t.user_attrs.get("interrupted") or t.user_attrs.get("orphaned")):
             if enqueue_retry(study, spec, t.number, t.params, "interrupted"):
                 log(f"[tune] trial {t.number} was interrupted: re-enqueued with the same params")
+        elif t.state == TrialState.FAIL and not t.user_attrs.get("fatal"):
+            # its run failed (a full disk, workers lost past their restarts, a diverged model): the session ended
+            # with exit 1 naming it; the resume runs it once more, and the re-run counts in its place
+            if enqueue_retry(study, spec, t.number, t.params, "failed"):
+                log(f"[tune] trial {t.number} failed ({first_line(t.user_attrs.get('error'))}): re-enqueued with the "
+                    f"same params")

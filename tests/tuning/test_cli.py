@@ -103,3 +103,33 @@ def test_jobs_tune_takes_the_same_line_with_study(tmp_path, partition_cache, cap
     assert "1 rounds at most per trial" in capsys.readouterr().out
     assert main(["--study", str(study), "train.lr=0.1"]) == 2
     assert "jobs.tune: error: override 'train.lr=0.1'" in capsys.readouterr().err
+
+
+def test_a_trial_failed_by_a_full_disk_exits_1_and_the_resume_runs_it(tmp_path, partition_cache, capsys, monkeypatch):
+    """A trial whose run fails for the machine (here its summary.json meets a full disk) used to count toward the
+    budget like any failed trial: the grid study ended ``finished`` with exit 0 and one of its two points never run
+    (found by the chaos harness, issue 34). The session now exits 1 naming the trial, and ``--resume`` runs it once
+    more: every grid point has a value, exit 0."""
+    import fedray.core.io
+    import tuning.outputs
+
+    monkeypatch.setattr(tuning.outputs, "IMPORTANCE_TREES", 8)
+    d = study_dict(tmp_path, partition_cache, name="grid", sampler={"name": "grid", "seed": 0},
+                   params={"train.lr": {"choices": [0.03, 0.05]}}, budget={"n_trials": 2})
+    d["base_config"]["train"]["rounds"] = 1
+    study = write_study(tmp_path / "grid.yaml", d)
+    out = tmp_path / "out"
+    monkeypatch.setattr(fedray.core.io, "_counts", {})  # the N-th write counts from here
+    monkeypatch.setenv(fedray.core.io.FAULT_ENV, "summary.json@1=enospc")  # the first trial's run fails at its end
+    assert cli(["tune", str(study), "--output-dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "1 trial(s) failed and are left out of the study's outputs; --resume runs each once more" in err, err
+    assert "trial 0 {\"train.lr\": " in err and "disk" in err.lower(), err
+    monkeypatch.delenv(fedray.core.io.FAULT_ENV)
+    assert cli(["tune", str(study), "--output-dir", str(out), "--resume"]) == 0
+    capsys.readouterr()
+    trials = optuna.load_study(study_name="grid", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "grid" / "journal.log")))).get_trials()
+    assert sorted(t.params["train.lr"] for t in trials if t.state.name == "COMPLETE") == [0.03, 0.05]
+    assert [t.number for t in trials if t.state.name == "FAIL"] == [0]
+    assert [t.user_attrs.get("retry_of") for t in trials if t.user_attrs.get("retry_reason") == "failed"] == [0]
