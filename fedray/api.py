@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -78,10 +77,9 @@ class RunResult:
     @property
     def accuracy(self) -> float:
         """Test accuracy at the last evaluated round (NaN when no round was evaluated)."""
-        for r in reversed(self.metrics):
-            if r.get("accuracy") is not None:
-                return float(r["accuracy"])
-        return math.nan
+        from fedray.reporting.rundir import last_accuracy
+
+        return last_accuracy(self.metrics)
 
     @property
     def weights(self):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import math
 import platform
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from fedray.driver.launch import EarlyStart
 from fedray.plugins import check_data_fit, check_driver, check_output_root, check_registries
 from fedray.reporting.callbacks import Trackers
 from fedray.reporting.claim import check_run_dir, default_run_name, refuse_live_owner
-from fedray.reporting.rundir import RunDir
+from fedray.reporting.rundir import RunDir, last_accuracy
 from fedray.reporting.trackers import open_trackers
 
 __all__ = ["Run", "RunResult", "fail_run", "finish_run", "prepare_data", "run_status", "setup_run", "stop_run"]
@@ -45,10 +44,7 @@ class RunResult:
 
     @property
     def accuracy(self) -> float:
-        for r in reversed(self.rounds):
-            if r.get("accuracy") is not None:
-                return float(r["accuracy"])
-        return math.nan
+        return last_accuracy(self.rounds)
 
 
 def prepare_data(cfg: ExperimentConfig, log=None):

@@ -261,3 +261,11 @@ class TensorBoardLogger:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def last_accuracy(rows) -> float:
+    """Test accuracy at the last evaluated round of metrics rows (NaN when no round was evaluated)."""
+    for r in reversed(rows):
+        if r.get("accuracy") is not None:
+            return float(r["accuracy"])
+    return math.nan
