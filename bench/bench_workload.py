@@ -22,12 +22,20 @@ simulation engine (bench/flower_app, 2 Ray actors of 1 CPU, 1 torch thread) runs
 whenever its own virtualenv ``bench/.flower-venv`` exists; ``--flower`` creates it first
 (``pip install flwr[simulation]==1.41.0 torch==2.13.0 mlxtend scikit-learn``; Flower pins its own Ray) and
 ``--no-flower`` skips it. With Flower the script prints the Flower-vs-fedray ratios (end-to-end wall,
-rounds, rounds 2..R). ``fedray bench workload ARGS`` runs this script.
+rounds, rounds 2..R). pfl-research's simulation (bench/workload_pfl.py: one process, 1 and 2 torch threads, as the
+floor) runs likewise whenever ``bench/.pfl-venv`` exists; ``--pfl`` creates it first (``pip install torch==2.13.0``,
+then ``pip install -c constraints.txt pfl[pytorch]==0.6.0 mlxtend scikit-learn numpy`` with torch held at 2.13.0,
+the CPU wheel) and ``--no-pfl`` skips it; its ratios over fedray are printed as Flower's.
+``--workloads pfl-shape`` is pfl-research's benchmark geometry (1,000 users x 50 samples, 50 a round, batch 10, 1
+epoch; bench/workload_def.py): the bench writes its data once with fedray's synthetic source and hands the file to
+the floor and the peers (``--data``), fedray generating the same numbers itself.
+``fedray bench workload ARGS`` runs this script.
 
     .venv/bin/python bench/bench_workload.py                 # W1 and W2, 1 repetition, everything
     .venv/bin/python bench/bench_workload.py --workloads W1 --reps 3 --json bench/out/w1.json
     .venv/bin/python bench/bench_workload.py --multi-client 5 --flower --reps 2
     .venv/bin/python bench/bench_workload.py --workloads W1 --reps 1 --baseline-tree /tmp/base
+    .venv/bin/python bench/bench_workload.py --workloads pfl-shape --flower --pfl
 """
 
 from __future__ import annotations
@@ -47,15 +55,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from workload_def import WORKLOADS, export_pfl_shape  # noqa: E402  (numpy only at import)
+
 FLOWER_VENV = HERE / ".flower-venv"
 FLOWER_REQUIREMENTS = ["flwr[simulation]==1.41.0", "torch==2.13.0", "mlxtend", "scikit-learn", "numpy"]
 
 
 def flower_venv_ready() -> bool:
     """Whether ``bench/.flower-venv`` exists with :data:`FLOWER_REQUIREMENTS` installed."""
-    marker = FLOWER_VENV / ".fedray-bench-ok"
-    return (FLOWER_VENV / "bin" / "python").exists() and marker.exists() and \
-        marker.read_text().strip() == " ".join(FLOWER_REQUIREMENTS)
+    return _venv_ready(FLOWER_VENV, FLOWER_REQUIREMENTS)
 
 
 def ensure_flower_venv(base_python: str | None = None) -> Path:
@@ -71,6 +80,63 @@ def ensure_flower_venv(base_python: str | None = None) -> Path:
     subprocess.run([str(py), "-m", "pip", "install", "-q", *FLOWER_REQUIREMENTS], check=True)
     marker.write_text(" ".join(FLOWER_REQUIREMENTS))
     return py
+
+
+PFL_VENV = HERE / ".pfl-venv"
+#: pfl-research's peer. torch is installed first and kept by a constraints file: ``torch==2.13.0`` resolves
+#: to the CPU wheel here, and pip would otherwise pull PyPI's default (CUDA) build for ``pfl[pytorch]``.
+PFL_TORCH = "torch==2.13.0"
+PFL_REQUIREMENTS = ["pfl[pytorch]==0.6.0", "mlxtend", "scikit-learn", "numpy"]
+
+
+def _venv_ready(venv: Path, requirements: list[str]) -> bool:
+    marker = venv / ".fedray-bench-ok"
+    return (venv / "bin" / "python").exists() and marker.exists() and \
+        marker.read_text().strip() == " ".join(requirements)
+
+
+def pfl_venv_ready() -> bool:
+    """Whether ``bench/.pfl-venv`` exists with :data:`PFL_TORCH` and :data:`PFL_REQUIREMENTS` installed."""
+    return _venv_ready(PFL_VENV, [PFL_TORCH, *PFL_REQUIREMENTS])
+
+
+def pfl_install_commands(py: Path, constraints: Path) -> list[list[str]]:
+    """The two pip commands that fill ``bench/.pfl-venv``: torch alone, then pfl with the rest under a
+    constraints file that holds torch at :data:`PFL_TORCH` (so pip keeps the CPU wheel)."""
+    return [[str(py), "-m", "pip", "install", "-q", PFL_TORCH],
+            [str(py), "-m", "pip", "install", "-q", "-c", str(constraints), *PFL_REQUIREMENTS]]
+
+
+def ensure_pfl_venv(base_python: str | None = None) -> Path:
+    """The Python of ``bench/.pfl-venv``, created with pfl-research (PyPI ``pfl``) on first use."""
+    py = PFL_VENV / "bin" / "python"
+    reqs = [PFL_TORCH, *PFL_REQUIREMENTS]
+    if pfl_venv_ready():
+        return py
+    base = base_python or getattr(sys, "_base_executable", None) or sys.executable
+    print(f"creating {PFL_VENV} with {' '.join(reqs)} (once)", file=sys.stderr)
+    subprocess.run([base, "-m", "venv", str(PFL_VENV)], check=True)
+    constraints = PFL_VENV / "constraints.txt"
+    constraints.write_text(PFL_TORCH + "\n")
+    for cmd in pfl_install_commands(py, constraints):
+        subprocess.run(cmd, check=True)
+    torch_version = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"], check=True,
+                                   capture_output=True, text=True).stdout.strip()
+    if not torch_version.startswith(PFL_TORCH.split("==")[1]):
+        raise RuntimeError(f"{PFL_VENV}: pip replaced {PFL_TORCH} by torch {torch_version}")
+    (PFL_VENV / ".fedray-bench-ok").write_text(" ".join(reqs))
+    return py
+
+
+def _export_data(workload: str, folder: str) -> str:
+    """pfl-shape: its arrays, made once by fedray's synthetic source, as an .npz for the floor and the peers
+    (fedray generates them itself, so every implementation trains on the same numbers); "" for W1 / W2."""
+    if WORKLOADS[workload].data != "synthetic":
+        return ""
+    path = str(Path(folder) / f"{workload}.npz")
+    shapes = export_pfl_shape(path)
+    print(f"  ({workload}: data {shapes} in {path})", file=sys.stderr)
+    return path
 
 
 def _tree(pid: int) -> list[int]:
@@ -201,7 +267,8 @@ def _warm_settle(rec: dict) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", nargs="+", default=["W1", "W2"])
+    ap.add_argument("--workloads", nargs="+", default=["W1", "W2"], choices=sorted(WORKLOADS),
+                    help="W1, W2 (shared/bench/WORKLOAD.md) and pfl-shape (bench/workload_def.py); default W1 W2")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--json", help="also write all raw figures here")
     ap.add_argument("--skip-floor2", action="store_true", help="skip the 2-thread floor")
@@ -211,6 +278,10 @@ def main(argv=None):
                     help="run Flower's simulation engine, creating its virtualenv bench/.flower-venv first if needed "
                          "(without this flag Flower runs when that virtualenv exists)")
     ap.add_argument("--no-flower", action="store_true", help="skip Flower even when its virtualenv exists")
+    ap.add_argument("--pfl", action="store_true",
+                    help="run pfl-research's simulation (bench/workload_pfl.py), creating its virtualenv bench/.pfl-venv "
+                         "first if needed (without this flag pfl runs when that virtualenv exists)")
+    ap.add_argument("--no-pfl", action="store_true", help="skip pfl-research even when its virtualenv exists")
     ap.add_argument("--no-warm", action="store_true",
                     help="skip fedray on the warm Ray of `fedray up` (started before the runs, stopped after); "
                          "fold_group then runs cold")
@@ -248,13 +319,21 @@ def main(argv=None):
     if args.flower or (not args.no_flower and flower_venv_ready()):
         fpy = str(ensure_flower_venv())
         impls["flower-2a"] = lambda w: [fpy, str(HERE / "workload_flower.py"), "--workload", w, "--actors", "2"]
+    if args.pfl or (not args.no_pfl and pfl_venv_ready()):
+        ppy = str(ensure_pfl_venv())
+        for t in ([1] if args.skip_floor2 else [1, 2]):  # one process, as the floor: 1 and 2 torch threads
+            impls[f"pfl-{t}t"] = (lambda t: lambda w: [ppy, str(HERE / "workload_pfl.py"), "--workload", w,
+                                                       "--threads", str(t)])(t)
     raw = []
+    data_dir = tempfile.mkdtemp(prefix="fedray-bench-data-")
     try:
+        data = {w: _export_data(w, data_dir) for w in args.workloads}
         warm = _warm_up() if "fedray-2w-warm" in impls else None
         for w in args.workloads:
             for rep in range(args.reps):
                 for name, cmd in impls.items():  # interleaved, so drift hits every implementation alike
-                    r = run_one(cmd(w), roots.get(name, ROOT), warm["temp_dir"] if name.endswith("-warm") else None)
+                    c = cmd(w) + (["--data", data[w]] if data[w] and not name.startswith("fedray") else [])
+                    r = run_one(c, roots.get(name, ROOT), warm["temp_dir"] if name.endswith("-warm") else None)
                     if name.endswith("-warm"):
                         _warm_settle(warm)
                     r.update(impl=name, workload=w, rep=rep)
@@ -263,6 +342,7 @@ def main(argv=None):
                           f"wall {r.get('wall_s', 0):.1f} s  acc {r['accuracy']:.3f}  hash {r['weights_hash']}",
                           file=sys.stderr)
     finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
         if WARM_CACHE is not None:
             subprocess.run([py, "-m", "fedray", "down"], env=_warm_env(), cwd=ROOT, check=False)
             shutil.rmtree(WARM_CACHE, ignore_errors=True)
@@ -297,17 +377,21 @@ def main(argv=None):
         same = len({h for hs in hashes.values() for h in hs}) == 1
         print(f"{w}: final weights identical across implementations (1-thread floor vs fedray): "
               f"{hashes.get('floor-1t') == hashes.get('fedray-ray-2w')}; all: {same}")
-        if "flower-2a" in rows:
-            fl = rows["flower-2a"]
-            for n in [n for n in rows if n.startswith("fedray")]:
-                fr = rows[n]
-                wall = statistics.median(r.get("wall_s", float("nan")) for r in fl) / statistics.median(
-                    r.get("wall_s", float("nan")) for r in fr)
-                steady = statistics.median(statistics.mean(r["round_s"][1:]) for r in fl) / statistics.median(
-                    statistics.mean(r["round_s"][1:]) for r in fr)
-                print(f"{w}: Flower / {n}: end-to-end wall {wall:.2f}x, rounds {med['flower-2a'] / med[n]:.2f}x, "
-                      f"rounds 2..R {steady:.2f}x (higher = fedray faster)")
+        for peer in [n for n in rows if n.startswith(("flower", "pfl"))]:
+            print_peer_ratios(w, peer, rows, med)
 
+
+def print_peer_ratios(w: str, peer: str, rows: dict, med: dict) -> None:
+    """A peer platform's figures over each fedray implementation's: end-to-end wall, rounds, rounds 2..R."""
+    pr = rows[peer]
+    for n in [n for n in rows if n.startswith("fedray")]:
+        fr = rows[n]
+        wall = statistics.median(r.get("wall_s", float("nan")) for r in pr) / statistics.median(
+            r.get("wall_s", float("nan")) for r in fr)
+        steady = statistics.median(statistics.mean(r["round_s"][1:]) for r in pr) / statistics.median(
+            statistics.mean(r["round_s"][1:]) for r in fr)
+        print(f"{w}: {peer} / {n}: end-to-end wall {wall:.2f}x, rounds {med[peer] / med[n]:.2f}x, "
+              f"rounds 2..R {steady:.2f}x (higher = fedray faster)")
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,5 @@
-"""fedray on the benchmark workload of shared/bench/WORKLOAD.md (W1 / W2), one JSON line of figures.
+"""fedray on the benchmark workloads of shared/bench/WORKLOAD.md (W1 / W2) and pfl-shape (bench/workload_def.py),
+one JSON line of figures.
 
     python bench/workload_fedray.py --workload W1 [--backend ray|local] [--workers 2] [--warm] [--fold-group G]
 
@@ -18,18 +19,30 @@ import time
 
 T0 = time.perf_counter()
 
-WORKLOADS = {"W1": (100, 10, 30), "W2": (500, 50, 10)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workload_def as wd  # noqa: E402  (numpy only at import)
+
+WORKLOADS = wd.WORKLOADS
 
 
 def config(workload: str, backend: str, workers: int, out: str, chunk: int | None = None, multi_client: int = 1) -> dict:
-    n, k, r = WORKLOADS[workload]
+    w = WORKLOADS[workload]
+    n, k, r = w.num_clients, w.per_round, w.rounds
+    if w.data == "synthetic":  # pfl-shape: fedray's synthetic source, one client per generating client
+        data = {"source": "synthetic", "normalize": False, "params": dict(wd.PFL_SHAPE_SOURCE),
+                "partition": {"name": "natural", "num_clients": n}}
+        model = {"name": "mlp", "params": {"hidden": [wd.PFL_SHAPE_HIDDEN]}}
+    else:
+        data = {"source": "mnist5k", "normalize": False,
+                "partition": {"name": "dirichlet", "num_clients": n, "params": {"alpha": 0.3}}}
+        model = {"name": "fedavg_cnn"}
     return {
-        "seed": 0,
-        "data": {"source": "mnist5k", "normalize": False,
-                 "partition": {"name": "dirichlet", "num_clients": n, "params": {"alpha": 0.3}}},
-        "model": {"name": "fedavg_cnn"},
+        "seed": wd.SEED,
+        "data": data,
+        "model": model,
         "algorithm": {"name": "fedavg"},
-        "train": {"rounds": r, "clients_per_round": k, "batch_size": 10, "lr": 0.05},
+        "train": {"rounds": r, "clients_per_round": k, "batch_size": wd.BATCH_SIZE, "lr": wd.LR,
+                  "local_epochs": wd.LOCAL_EPOCHS},
         "eval": {"every": r},
         "engine": {"backend": backend, "num_workers": workers, "worker_num_cpus": 1, "torch_threads": 1,
                    "chunk_size": chunk, "multi_client": multi_client},
