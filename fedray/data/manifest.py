@@ -11,6 +11,15 @@ summaries, group by group (:func:`iter_class_counts`).
 memory-mapped by :class:`ClientTable`, its columns zero-copy read-only numpy views. Ten million clients are
 160 MB of file pages shared by the coordinator and every worker through the page cache, not 300 MB of private
 memory per process. Its size and CRC-32 are recorded in ``meta.json`` and checked when it is mapped.
+
+A mapping shows the file as it is now, not as it was checked: bytes overwritten in place later (a stray writer, a
+bad disk block read again after its page was dropped) would change a process's views, and with them which rows a
+client reads or how much its update weighs, with nothing to say so. So the mapping's check also records a CRC-32 of
+every :data:`CHECK_CHUNK` clients of each column (private memory: 4 bytes per column and 256 clients), and
+:meth:`ClientTable.check` checks the chunks of given clients against them: the coordinator for the round's clients
+before the round counts, a worker for a client after using its rows (:meth:`PartitionStore.recheck_client
+<fedray.data.store.PartitionStore.recheck_client>`), so such a change fails the run, naming the file, instead of
+changing its result (issue 34's chaos harness found it: seed 21 schedule 17).
 """
 
 from __future__ import annotations
@@ -28,12 +37,13 @@ from .checksum import buffer_crc32, check_file_blocks
 from .client_index import ClientIndex, class_count_chunks, counts_of
 from .table import DataError
 
-__all__ = ["CLIENTS_FILE", "CLIENTS_PER_GROUP", "MANIFEST_FILE", "MANIFEST_SCHEMA", "ClientTable", "check_manifest",
-           "file_entry", "iter_class_counts", "write_clients", "write_manifest"]
+__all__ = ["CHECK_CHUNK", "CLIENTS_FILE", "CLIENTS_PER_GROUP", "MANIFEST_FILE", "MANIFEST_SCHEMA", "ClientTable",
+           "check_manifest", "file_entry", "iter_class_counts", "write_clients", "write_manifest"]
 
 MANIFEST_FILE = "manifest.parquet"
 CLIENTS_FILE = "clients.arrow"
 CLIENTS_PER_GROUP = 1 << 17  # clients per Parquet row group of the manifest (and per pass writing or reading it)
+CHECK_CHUNK = 256  # clients per CRC-32 of ClientTable.check (each column: 1-2 KiB checked per client looked up)
 PARTITION_KEY = b"fedray.partition"
 
 MANIFEST_SCHEMA = pa.schema(
@@ -176,10 +186,41 @@ class ClientTable:
                 if col.type != typ or col.null_count:
                     raise DataError(f"partition client index {path}: column {name} is {col.type}, expected {typ}")
                 cols[name] = col.to_numpy(zero_copy_only=True)
+        self.path = path
+        self._cols = list(cols.values())
+        self._chunk_crcs = [_chunk_crcs(c) for c in self._cols]
+        # the chunks' CRC-32s were taken from the mapping after its check: check the file once more, so that
+        # bytes changed in between cannot become the reference
+        if buffer_crc32(buf) != doc["crc32"]:
+            raise DataError(f"corrupt partition client index {path}: its CRC-32 changed while it was being mapped; "
+                            f"meta.json records {doc['crc32']:08x}")
         self.sizes: np.ndarray = cols["num_samples"]
         self.block: np.ndarray = cols["block"]
         self.block_row: np.ndarray = cols["block_row"]
         self.domain: np.ndarray | None = cols.get("domain")
+
+    def check(self, clients, where: str) -> None:
+        """Raise :class:`DataError` (naming the file, the clients and ``where``) unless every column's bytes for
+        ``clients`` (ids, any iterable; a chunk of :data:`CHECK_CHUNK` around each) are those checked when the
+        file was mapped (module docstring)."""
+        ids = np.asarray(clients, dtype=np.int64).reshape(-1)
+        if not ids.size:
+            return
+        step = CHECK_CHUNK
+        for k in np.unique(ids // step).tolist():
+            lo = k * step
+            for col, ref in zip(self._cols, self._chunk_crcs):
+                if zlib.crc32(col[lo:lo + step]) != ref[k]:
+                    raise DataError(f"partition client index {self.path} changed on disk after it was checked "
+                                    f"(clients {lo}..{min(lo + step, len(col)) - 1}, {where}): what this process "
+                                    f"read of it can no longer be trusted; a resumed run checks and rebuilds it")
+
+
+def _chunk_crcs(col: np.ndarray) -> np.ndarray:
+    """The CRC-32 of every :data:`CHECK_CHUNK` entries of ``col`` (uint32, one per chunk)."""
+    step = CHECK_CHUNK
+    return np.fromiter((zlib.crc32(col[lo:lo + step]) for lo in range(0, len(col), step)), dtype=np.uint32,
+                       count=-(-len(col) // step))
 
 
 def iter_class_counts(path: Path, num_classes: int) -> Iterator[tuple[int, np.ndarray]]:

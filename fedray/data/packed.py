@@ -397,9 +397,9 @@ class PackedFiles:
         """The rows' schema (that of file 0; every file has the same)."""
         return self._map(0).schema
 
-    def batch(self, b: int, who: str) -> pa.RecordBatch:
-        """Record batch ``b``, decoded zero-copy from the mapping after checking the file's size and (with
-        ``check_reads``) the block's CRC-32. Errors name the file, the block and ``who`` (e.g. a client)."""
+    def _body(self, b: int, who: str) -> tuple[_Mapped, pa.Buffer]:
+        """Block ``b``'s bytes in the mapping, after checking the file's size and (with ``check_reads``) the
+        block's CRC-32. Errors name the file, the block and ``who`` (e.g. a client)."""
         f = int(self.file[b])
         m = self._map(f)
         size = m.mm.size()
@@ -410,6 +410,18 @@ class PackedFiles:
         if self.check_reads and (crc := buffer_crc32(body)) != self.crc32[b]:
             raise DataError(f"corrupt block {b} of {self.path(f)} ({who}): CRC-32 {crc:08x}, the index records "
                             f"{int(self.crc32[b]):08x} (content changed since it was written)")
+        return m, body
+
+    def check_block(self, b: int, who: str) -> None:
+        """Check block ``b`` again (file size and, with ``check_reads``, CRC-32): a batch decoded from it is a
+        view of the mapping, so rows that were in use while the file changed in place fail here."""
+        self._body(b, who)
+
+    def batch(self, b: int, who: str) -> pa.RecordBatch:
+        """Record batch ``b``, decoded zero-copy from the mapping after checking the file's size and (with
+        ``check_reads``) the block's CRC-32. Errors name the file, the block and ``who`` (e.g. a client)."""
+        m, body = self._body(b, who)
+        f = int(self.file[b])
         try:
             batch = pa.ipc.read_record_batch(pa.ipc.read_message(body), m.schema)
         except (OSError, pa.ArrowException, ValueError) as e:

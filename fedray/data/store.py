@@ -495,6 +495,21 @@ class PartitionStore:
         batch = self._packed.batch(int(self._block[cid]), f"client {cid}")
         return pa.Table.from_batches([batch.slice(int(self._row[cid]), n)])
 
+    def check_clients(self, clients, where: str) -> None:
+        """Raise :class:`DataError` if the client index entries of ``clients`` (sizes, blocks, rows) changed on
+        disk since this process checked them (:meth:`ClientTable.check <fedray.data.manifest.ClientTable.check>`):
+        the coordinator's check of a round's clients before the round counts."""
+        self._clients.check(clients, where)
+
+    def recheck_client(self, cid: int) -> None:
+        """After client ``cid``'s rows were used (they are views of the mapped files): raise :class:`DataError`
+        if its index entries or its block changed on disk since they were checked, naming the file."""
+        cid = self._check_cid(cid)
+        self._clients.check([cid], f"client {cid}")
+        b = int(self._block[cid])
+        if b >= 0:
+            self._packed.check_block(b, f"client {cid}, after its rows were used")
+
     def row_ids(self, cid: int) -> np.ndarray:
         """Train-row indices of client ``cid`` (int64, in the order its partitioner gave them), a read-only
         view of the ``row_id`` column of its rows."""
@@ -519,11 +534,15 @@ class PartitionStore:
         client and class; :meth:`iter_class_counts` gives them a row group at a time)."""
         out = np.zeros((self.num_clients, self._meta.num_classes), dtype=np.int64)
         at = 0
+        # the manifest's size and CRC-32 before and after the read: a run uses these counts (the split
+        # program's), so a manifest damaged or changed while in use fails here instead of changing them
+        check_manifest(self._path, self._doc, self.num_clients, contents=True)
         for lo, counts in self.iter_class_counts():
             out[lo:lo + counts.shape[0]] = counts
             at = lo + counts.shape[0]
         if at != self.num_clients:
             raise DataError(f"partition manifest {self._path / MANIFEST_FILE}: {at} clients, meta.json says {self.num_clients}")
+        check_manifest(self._path, self._doc, self.num_clients, contents=True)
         return out
 
     def iter_class_counts(self) -> "Iterator[tuple[int, np.ndarray]]":

@@ -68,6 +68,7 @@ class Coordinator:
             cfg=cfg, algorithm=self.algorithm, server_opt=self.server_opt, pool=self.pool, sizes=rp.sizes,
             num_params=int(rp.flat.layout.size), model=rp.model, meta=rp.meta,
             class_counts=rp.store.class_counts, device=rp.device,  # read by the split program only, when needed
+            check_clients=rp.store.check_clients,
             faults=FaultInjector(cfg.engine.fault_injection, run_dir))
         self.evaluation = ShardedEvaluation(self.pool, cfg, test_data, rp.meta, test_ref=test_ref)
 

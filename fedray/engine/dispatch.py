@@ -342,8 +342,9 @@ class TaskScheduler:
     def _fatal(self, out) -> None:
         if out.fatal:
             first, _, trace = out.error.partition("\n")
-            raise RunAborted(f"round {self.rnd}: client {out.cid}: {first} (an error of the client's code or "
-                             f"configuration: no retry can fix it)\n{trace.rstrip()}")
+            why = ("the partition's data: a retry would read the same" if first.startswith("DataError")
+                   else "an error of the client's code or configuration: no retry can fix it")
+            raise RunAborted(f"round {self.rnd}: client {out.cid}: {first} ({why})\n{trace.rstrip()}")
 
     def _failure_row(self, cid: int, failure: str, *, worker: str, seconds: float = 0.0, attempt: int) -> None:
         self.last_error[int(cid)] = failure

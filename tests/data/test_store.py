@@ -316,3 +316,62 @@ def test_spec_errors(tmp_path, bundle):
     with pytest.raises(DataError, match="domain column"):
         build_partition(_bundle(with_domain=False), {"name": "domain", "num_clients": 3, "seed": 0}, tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def _index_column_offset(path: Path, name: str) -> int:
+    """Byte offset in ``clients.arrow`` of column ``name``'s values."""
+    mm = pa.memory_map(str(path))
+    buf = mm.read_buffer()
+    at = pa.ipc.open_file(buf).get_batch(0).column(name).buffers()[1].address - buf.address
+    mm.close()
+    return at
+
+
+@pytest.mark.parametrize("column, width", [("num_samples", 8), ("block", 4), ("block_row", 4)])
+def test_a_client_index_changed_in_place_after_it_was_mapped_fails_the_check(tmp_path, bundle, column, width):
+    """The mapping shows the file as it is now: an in-place change of ``clients.arrow`` after the store opened
+    changes ``sizes`` (and the rows a client reads) under the process; ``check_clients`` / ``recheck_client``
+    find it, naming the file and the clients around the changed entry; other chunks still pass."""
+    from fedray.data.manifest import CHECK_CHUNK
+
+    n = 2 * CHECK_CHUNK + 10
+    st = build_partition(bundle, {"name": "iid", "num_clients": n, "seed": 0}, tmp_path)
+    st.check_clients(range(n), "all")  # intact
+    st.recheck_client(3)
+    cid = CHECK_CHUNK + 7  # in the second chunk
+    path = st.path / "clients.arrow"
+    before = int(st.sizes[cid])
+    with open(path, "r+b") as f:
+        f.seek(_index_column_offset(path, column) + cid * width)
+        f.write((0 if column == "num_samples" else 1).to_bytes(width, "little"))
+    if column == "num_samples":
+        assert int(st.sizes[cid]) == 0 != before  # the mapped view changed with the file
+    with pytest.raises(DataError, match=rf"{path} changed on disk after it was checked \(clients "
+                                        rf"{CHECK_CHUNK}\.\.{2 * CHECK_CHUNK - 1}, round 2's clients\)"):
+        st.check_clients([0, cid], "round 2's clients")
+    with pytest.raises(DataError, match="changed on disk"):
+        st.recheck_client(cid)
+    st.check_clients([0, 1, 2 * CHECK_CHUNK + 9], "other chunks")  # the chunks around them are intact
+    with pytest.raises(DataError, match="corrupt partition client index"):
+        PartitionStore.open(st.path)  # a new process's check of the whole file
+
+
+def test_a_block_changed_in_place_while_its_rows_were_in_use_fails_the_recheck(tmp_path, bundle):
+    """A client's rows are zero-copy views of its block in the mapping: bytes of the block overwritten in place
+    after the read changed them while in use; ``recheck_client`` (after the client's update) finds it."""
+    st = build_partition(bundle, {"name": "iid", "num_clients": 4, "seed": 0}, tmp_path)
+    images, _ = st.client_arrays(2)
+    first = images.copy()
+    st.recheck_client(2)  # unchanged so far
+    ref = st.block_of(2)
+    data = ref.path.read_bytes()
+    mid = ref.offset + ref.nbytes // 2
+    with open(ref.path, "r+b") as f:
+        f.seek(mid)
+        f.write(bytes(255 - b for b in data[mid:mid + 64]))
+    assert not np.array_equal(images, first)  # the view changed under the reader
+    with pytest.raises(DataError, match=rf"block {ref.index} of {ref.path} \(client 2, after its rows were used\): "
+                                        r"CRC-32"):
+        st.recheck_client(2)
+    assert st.block_of(1).path == ref.path and st.block_of(1).index != ref.index
+    st.recheck_client(1)  # another block of the same file: intact

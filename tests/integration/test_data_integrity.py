@@ -54,3 +54,53 @@ def test_a_damaged_block_is_rebuilt_before_the_run_trains(tmp_path, reference, h
         assert int(first) <= SAMPLED <= int(last or first)
     assert ref.path.read_bytes() == good
     assert res.failed is None and res.weights_hash == weights
+
+
+def _shrink_sizes_in_place(path) -> None:
+    """Every client's ``num_samples`` in ``clients.arrow`` one lower (clients of one row kept), written into the
+    file in place (same inode, as a stray writer or a bad block would): within their blocks, so each client would
+    read one row fewer and weigh less, with nothing else to notice."""
+    import pyarrow as pa
+
+    mm = pa.memory_map(str(path))
+    buf = mm.read_buffer()
+    col = pa.ipc.open_file(buf).get_batch(0).column("num_samples")
+    at = col.buffers()[1].address - buf.address
+    sizes = col.to_numpy()
+    new = np.where(sizes > 1, sizes - 1, sizes).astype(np.int64).tobytes()
+    del col, sizes, buf
+    mm.close()
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(new)
+
+
+def test_a_client_index_changed_on_disk_mid_run_fails_the_run_and_the_resume_ends_with_the_intact_bits(
+        tmp_path, reference):
+    """Issue 34's chaos harness (seed 21 schedule 17): ``clients.arrow`` overwritten in place after round 1 of a
+    run. Its processes had checked it when they mapped it, so they read the new sizes from the mapping and the run
+    finished with other weights, exit 0. Now the round's check fails the run, naming the file; the resume finds
+    the damage, rebuilds the partition and ends with the intact run's weights."""
+    from fedray.engine.dispatch import RunAborted
+
+    weights, part = reference
+    cache = tmp_path / "cache"
+    shutil.copytree(part, cache / part.name)
+    index = cache / part.name / "clients.arrow"
+    good = index.read_bytes()
+
+    def on_round(report):
+        if report["round"] == 1:
+            _shrink_sizes_in_place(index)
+
+    cfg = small_config(tmp_path, cache, train__rounds=2)
+    with pytest.raises(RunAborted, match=r"clients.arrow changed on disk after it was checked .*\(the partition's data"):
+        run_experiment(from_dict(cfg), log=lambda *a: None, on_round=on_round)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    info = __import__("json").loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed" and "changed on disk" in info["error"]
+    lines = []
+    res = run_experiment(resume=run_dir, log=lambda *a: lines.append(" ".join(map(str, a))))
+    assert any("partition cache damaged" in ln and str(index) in ln for ln in lines), lines
+    assert index.read_bytes() == good
+    assert res.failed is None and res.weights_hash == weights

@@ -411,6 +411,11 @@ class GroupedRuntime:
             dt = time.perf_counter() - t0
             total_steps = sum(r.steps for r in res)
             for mem, r in zip(members, res):
+                try:  # its rows were views of the mapped partition: unchanged while in use
+                    rp.store.recheck_client(mem.cid)
+                except Exception as e:  # noqa: BLE001 - reported per client (a DataError: the run stops)
+                    outcomes[mem.pos] = self._failed(mem.pos, mem.cid, e, dt / len(members))
+                    continue
                 # the group's wall time, shared out in proportion to each client's steps
                 share = r.steps / total_steps if total_steps else 1.0 / len(res)
                 outcomes[mem.pos] = ClientOutcome(cid=mem.cid, pos=mem.pos, weights=r.weights,

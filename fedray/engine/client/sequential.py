@@ -46,6 +46,7 @@ class SequentialRuntime:
                             state=state, num_classes=rp.meta.num_classes, model_factory=rp.model_factory,
                             prox_mu=float(hints.prox_mu))
         upd = algo.local_update(ctx, payload)
+        rp.store.recheck_client(cid)  # its rows were views of the mapped partition: unchanged while in use
         if upd.state is not None and self.states is not None:
             self.states.save(cid, rnd, upd.state)
         return ClientOutcome(cid=cid, pos=pos, weights=upd.weights, num_samples=int(upd.num_samples),

@@ -96,7 +96,9 @@ class SplitRuntime:
             try:
                 if replay is not None or it == 0:
                     self.clients[cid] = self._rebuild(rnd, cid, pos, bk, init, it, replay)
-                out.append(self._advance(rnd, it, pos, cid, grads, t0))
+                done = self._advance(rnd, it, pos, cid, grads, t0)
+                self.replica.store.recheck_client(cid)  # its rows are views of the mapped partition
+                out.append(done)
             except Exception as e:  # noqa: BLE001 - reported per client, the coordinator replays or fails
                 self.clients.pop(cid, None)
                 out.append(SplitOutcome(pos, cid, seconds=time.perf_counter() - t0, worker=self.name,

@@ -41,10 +41,12 @@ _STRAGGLER_TASKS_PER_WORKER = 32
 
 
 class FederatedProgram:
-    def __init__(self, *, cfg, algorithm, server_opt, pool, sizes, num_params: int, faults=None, **_unused):
+    def __init__(self, *, cfg, algorithm, server_opt, pool, sizes, num_params: int, faults=None, check_clients=None,
+                 **_unused):
         self.cfg, self.algorithm, self.server_opt, self.pool = cfg, algorithm, server_opt, pool
         self.faults = faults
-        self.sizes = sizes
+        self.sizes = sizes  # a view of the mapped client index: check_clients(sampled, where) before a round counts
+        self.check_clients = check_clients
         self.num_params = int(num_params)
 
     def held_updates(self) -> int:
@@ -125,6 +127,8 @@ class FederatedProgram:
                              signals_broadcast=arrays_nbytes(payload) * len(sampled), signals_upload=tally.upload_signals),
             seconds=secs, ledger=agg.ledger)
         report.add_extra(algo.round_metrics(rnd, state, len(sampled)), f"algorithm {algo.name!r}'s round_metrics")
+        if self.check_clients is not None:  # the sizes that sampled and weighed the clients: unchanged on disk
+            self.check_clients(sampled, f"round {rnd}'s clients")
         return RoundResult(weights=new, algo_state=state, report=report)
 
     # -------------------------------------------------------------------------------------------------

@@ -60,9 +60,11 @@ class _Round:
 
 
 class SplitProgram:
-    def __init__(self, *, cfg, algorithm, pool, sizes, model, meta, class_counts, device, faults=None, **_unused):
+    def __init__(self, *, cfg, algorithm, pool, sizes, model, meta, class_counts, device, faults=None,
+                 check_clients=None, **_unused):
         self.cfg, self.algorithm, self.pool, self.sizes = cfg, algorithm, pool, sizes
         self.faults = faults
+        self.check_clients = check_clients  # as FederatedProgram's: sizes are a view of the mapped client index
         self.shape = algorithm.shape
         self.plan = SplitPlan.build(algorithm, model, meta)  # the workers' runtime builds the same plan
         self.point, self.layout = self.plan.point, self.plan.layout
@@ -132,6 +134,8 @@ class SplitProgram:
         report = self._report(r, bks, init, len(assignment), arrays_nbytes(payload))
         report.seconds = secs
         report.add_extra(algo.round_metrics(rnd, new_state, len(sampled)), f"algorithm {algo.name!r}'s round_metrics")
+        if self.check_clients is not None:
+            self.check_clients(sampled, f"round {rnd}'s clients")
         return RoundResult(weights=np.ascontiguousarray(new, dtype=np.float32), algo_state=new_state, report=report)
 
     # ---------------------------------------------------------------------------------------
