@@ -45,6 +45,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,10 +200,11 @@ class TreeSampler(threading.Thread):
             self.stop.wait(self.period)
 
 
-def run_one(cmd: list[str], root: Path = ROOT, warm_temp: str | None = None) -> dict:
+def run_one(cmd: list[str], root: Path = ROOT, warm_temp: str | None = None, timeout: float | None = None) -> dict:
     """One implementation's process under ``time -v``; ``root``: the checkout it runs from; ``warm_temp``:
     the temp dir of the `fedray up` cluster it joins (whose processes the memory sampler adds), else a cold
-    run that must not join it (FEDRAY_NO_WARM=1)."""
+    run that must not join it (FEDRAY_NO_WARM=1). The process runs in a session of its own: past ``timeout``
+    seconds (or on Ctrl-C) its whole process group is killed and RuntimeError raised."""
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0",
                TQDM_DISABLE="1", PYTHONPATH=str(root))
     if warm_temp is None:
@@ -211,12 +213,21 @@ def run_one(cmd: list[str], root: Path = ROOT, warm_temp: str | None = None) -> 
         env.update(_warm_env(), PYTHONPATH=str(root))
         env.pop("FEDRAY_NO_WARM", None)
     full = ["/usr/bin/time", "-v", *cmd]
-    proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+    proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root,
+                            start_new_session=True)
     sampler = TreeSampler(proc.pid, warm_temp)
     sampler.start()
-    out, err = proc.communicate()
-    sampler.stop.set()
-    sampler.join()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as exc:  # a timeout or Ctrl-C: the run's processes (Ray's included) go with it
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise RuntimeError(f"{' '.join(cmd)} timed out after {timeout:g} s (killed)") from None
+        raise
+    finally:
+        sampler.stop.set()
+        sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
     res = json.loads(out.strip().splitlines()[-1])
@@ -291,6 +302,9 @@ def main(argv=None):
     ap.add_argument("--baseline-tree", type=Path, metavar="DIR",
                     help="also run fedray (cold) from another checkout, e.g. `git worktree add /tmp/base main`, "
                          "to measure a change in the same invocation")
+    ap.add_argument("--run-timeout", type=float, metavar="S", default=900.0,
+                    help="kill one implementation's run after S seconds (default 900); a failed or killed run is "
+                         "reported and left out of the table, the others go on")
     args = ap.parse_args(argv)
     py = sys.executable
     fedray = [py, str(HERE / "workload_fedray.py"), "--backend", "ray", "--workers", "2"]
@@ -324,7 +338,7 @@ def main(argv=None):
         for t in ([1] if args.skip_floor2 else [1, 2]):  # one process, as the floor: 1 and 2 torch threads
             impls[f"pfl-{t}t"] = (lambda t: lambda w: [ppy, str(HERE / "workload_pfl.py"), "--workload", w,
                                                        "--threads", str(t)])(t)
-    raw = []
+    raw, failed = [], []
     data_dir = tempfile.mkdtemp(prefix="fedray-bench-data-")
     try:
         data = {w: _export_data(w, data_dir) for w in args.workloads}
@@ -333,9 +347,16 @@ def main(argv=None):
             for rep in range(args.reps):
                 for name, cmd in impls.items():  # interleaved, so drift hits every implementation alike
                     c = cmd(w) + (["--data", data[w]] if data[w] and not name.startswith("fedray") else [])
-                    r = run_one(c, roots.get(name, ROOT), warm["temp_dir"] if name.endswith("-warm") else None)
-                    if name.endswith("-warm"):
-                        _warm_settle(warm)
+                    try:
+                        r = run_one(c, roots.get(name, ROOT), warm["temp_dir"] if name.endswith("-warm") else None,
+                                    args.run_timeout)
+                    except RuntimeError as exc:
+                        failed.append(f"{w} rep {rep} {name}: {str(exc).splitlines()[0]}")
+                        print(f"  {failed[-1]}", file=sys.stderr)
+                        continue
+                    finally:
+                        if name.endswith("-warm"):
+                            _warm_settle(warm)
                     r.update(impl=name, workload=w, rep=rep)
                     raw.append(r)
                     print(f"  {w} rep {rep} {name:18s} start {r['startup_s']:.2f} s  rounds {r['rounds_s']:.2f} s  "
@@ -356,7 +377,10 @@ def main(argv=None):
     print(hdr)
     print("-" * len(hdr))
     for w in args.workloads:
-        rows = {n: [r for r in raw if r["workload"] == w and r["impl"] == n] for n in impls}
+        rows = {n: rs for n in impls if (rs := [r for r in raw if r["workload"] == w and r["impl"] == n])}
+        if "floor-1t" not in rows:
+            print(f"{w}: no floor-1t run, no table")
+            continue
         med = {n: statistics.median(r["rounds_s"] for r in rs) for n, rs in rows.items()}
         best_floor = min(v for n, v in med.items() if n.startswith("floor"))
         floor_start = statistics.median(r["startup_s"] for r in rows["floor-1t"])
@@ -379,6 +403,8 @@ def main(argv=None):
               f"{hashes.get('floor-1t') == hashes.get('fedray-ray-2w')}; all: {same}")
         for peer in [n for n in rows if n.startswith(("flower", "pfl"))]:
             print_peer_ratios(w, peer, rows, med)
+    for f in failed:
+        print(f"FAILED (left out of the table): {f}")
 
 
 def print_peer_ratios(w: str, peer: str, rows: dict, med: dict) -> None:

@@ -1,6 +1,8 @@
-"""Flower's simulation engine on the benchmark workload of shared/bench/WORKLOAD.md, one JSON line of figures.
+"""Flower's simulation engine on the benchmark workloads (W1 / W2 of shared/bench/WORKLOAD.md, pfl-shape of
+bench/workload_def.py), one JSON line of figures.
 
     bench/.flower-venv/bin/python bench/workload_flower.py --workload W1
+    bench/.flower-venv/bin/python bench/workload_flower.py --workload pfl-shape --data bench/out/pfl-shape.npz
 
 Runs the ServerApp/ClientApp of ``bench/flower_app`` with ``flwr.simulation.run_simulation``: N SuperNodes,
 2 Ray actors of 1 CPU each (``client_resources: num_cpus 1``, Ray started with 2 CPUs), 1 torch thread per
@@ -23,7 +25,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=["W1", "W2"], default="W1")
+    ap.add_argument("--workload", choices=["W1", "W2", "pfl-shape"], default="W1")
+    ap.add_argument("--data", default="", help="the pfl-shape arrays (.npz) written by bench/bench_workload.py")
     ap.add_argument("--actors", type=int, default=2, help="Ray actors running ClientApps (1 CPU each)")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -36,9 +39,10 @@ def main(argv=None):
     from bench.flower_app import apps, task
 
     logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's per-round INFO lines off (fedray logs nothing)
-    task.load_data()  # the driver's own copy (server-side evaluation), as any Flower app would
-    n, k, rounds = task.WORKLOADS[args.workload]
-    apps.CONFIG["workload"] = args.workload
+    data = os.path.abspath(args.data) if args.data else ""
+    task.load_data(args.workload, data)  # the driver's own copy (server-side evaluation), as any Flower app would
+    n = task.WORKLOADS[args.workload].num_clients
+    apps.CONFIG.update(workload=args.workload, data=data)
     backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                       "init_args": {"num_cpus": args.actors, "num_gpus": 0, "include_dashboard": False,
                                     "log_to_driver": False, "address": "local"}}  # a private Ray instance

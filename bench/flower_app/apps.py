@@ -9,7 +9,7 @@ the server fixes its own bijection (partition i <-> the i-th smallest node id) a
 in each message's config; the ClientApp trains that partition. No federated evaluation; the global
 model is evaluated centrally once, after the last round.
 
-The workload (W1 / W2) is set in :data:`CONFIG` by the launcher (the ServerApp runs in the launcher's
+The workload (W1 / W2 / pfl-shape, and pfl-shape's data file) is set in :data:`CONFIG` by the launcher (the ServerApp runs in the launcher's
 process under ``run_simulation``); timings are recorded in :data:`TIMES` (perf_counter at the start of
 round 1 and at the end of every round's aggregation).
 """
@@ -27,7 +27,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from bench.flower_app import task
 
-CONFIG: dict = {"workload": "W1"}
+CONFIG: dict = {"workload": "W1", "data": ""}
 TIMES: dict = {"round_end": []}
 RESULT: dict = {}
 
@@ -39,10 +39,10 @@ client_app = ClientApp()
 def train(msg: Message, context: Context) -> Message:
     torch.set_num_threads(1)
     cfg = msg.content["config"]
-    cid, rnd, n_clients = int(cfg["partition-id"]), int(cfg["server-round"]), int(cfg["num-clients"])
-    model = task.Net()
+    cid, rnd, workload, data = int(cfg["partition-id"]), int(cfg["server-round"]), cfg["workload"], cfg["data"]
+    model = task.initial_model(workload)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    n = task.train_client(model, cid, rnd, n_clients)
+    n = task.train_client(model, workload, data, cid, rnd)
     content = RecordDict({
         "arrays": ArrayRecord(model.state_dict()),
         "metrics": MetricRecord({"num-examples": n}),
@@ -70,10 +70,11 @@ class SampledOrderFedAvg(FedAvg):
             self.node_of = {i: nodes[i] for i in range(self.num_clients)}
         if server_round == 1:
             TIMES["rounds_start"] = time.perf_counter()
-        self.order = task.sampled_clients(self.num_clients, self.per_round, server_round)
+        self.order = task.sampled_clients(CONFIG["workload"], CONFIG["data"], server_round)
         messages = []
         for cid in self.order:
-            cfg = ConfigRecord({"server-round": server_round, "partition-id": cid, "num-clients": self.num_clients})
+            cfg = ConfigRecord({"server-round": server_round, "partition-id": cid, "workload": CONFIG["workload"],
+                                "data": CONFIG["data"]})
             record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
             messages.append(Message(content=record, message_type=MessageType.TRAIN, dst_node_id=self.node_of[cid]))
         return messages
@@ -95,11 +96,11 @@ server_app = ServerApp()
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    n, k, rounds = task.WORKLOADS[CONFIG["workload"]]
+    w = task.WORKLOADS[CONFIG["workload"]]
     TIMES["server_main"] = time.perf_counter()
-    model = task.initial_model()
-    strategy = SampledOrderFedAvg(n, k)
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds)
+    model = task.initial_model(CONFIG["workload"])
+    strategy = SampledOrderFedAvg(w.num_clients, w.per_round)
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=w.rounds)
     model.load_state_dict(result.arrays.to_torch_state_dict())
-    RESULT["accuracy"] = task.accuracy(model)
+    RESULT["accuracy"] = task.accuracy(model, CONFIG["workload"], CONFIG["data"])
     RESULT["weights_hash"] = task.weights_hash(model.state_dict())
