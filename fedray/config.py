@@ -148,6 +148,10 @@ class EngineConfig:
     # the middle of a client's training) unanswered this long is hung (stopped, deadlocked, swapped out): it is
     # killed and replaced, and its clients re-run with the same seeds. None: never checked
     heartbeat_s: float | None = 60.0
+    # a Ray actor (client worker or coordinator) that has not answered this long after it was started (its process
+    # importing torch, its constructor) is given up on: one Ray started (it has a process) is killed and started
+    # again like a hung one; one Ray could not place (no node has its resources) is named as such. Not hashed
+    start_timeout_s: float = 600.0
     # largest fraction of a round's sampled clients that may be dropped (failed past their retries) before the
     # run fails; 0 = strict: any dropped client fails the run. A round with no client left always fails.
     max_dropped_fraction: float = 0.0
@@ -257,6 +261,7 @@ _HASH_EXCLUDE = {
     "engine.fault_injection",
     "engine.max_worker_restarts",
     "engine.heartbeat_s",
+    "engine.start_timeout_s",
     "engine.max_dropped_fraction",
     "data.cache_dir",
     "data.download", "data.mirrors",  # where the files came from changes no number (the source fingerprint names them)
@@ -456,6 +461,7 @@ def _validate_engine(e: EngineConfig) -> None:
     _positive("engine.over_selection", e.over_selection, allow_zero=True)
     _positive("engine.round_deadline_s", e.round_deadline_s, allow_zero=True)
     _positive("engine.heartbeat_s", e.heartbeat_s)
+    _positive("engine.start_timeout_s", e.start_timeout_s)
     _positive("engine.max_client_retries", e.max_client_retries, allow_zero=True)
     _positive("engine.max_dropped_fraction", e.max_dropped_fraction, allow_zero=True)
     if e.max_dropped_fraction > 1:
@@ -554,5 +560,7 @@ def dump_config(cfg: ExperimentConfig) -> str:
         del d["eval"]["metrics"]
     if not d["engine"]["deterministic"]:  # nor one without torch's deterministic algorithms
         del d["engine"]["deterministic"]
+    if d["engine"]["start_timeout_s"] == EngineConfig.start_timeout_s:  # nor one with the default start deadline
+        del d["engine"]["start_timeout_s"]
     d["data"] = {k: v for k, v in d["data"].items() if (k, v) not in (("download", False), ("mirrors", []))}  # nor these
     return yaml.safe_dump(d, sort_keys=False)

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedray.driver.launch import Actors, kill_actors, start_actors
+from fedray.config import EngineConfig
+from fedray.driver.launch import Actors, ActorSilent, await_call, kill_actors, start_actors
 from fedray.engine.host import CoordinatorHost
 from fedray.engine.outcomes import InStore
-from fedray.engine.pool import WORKER_START_TIMEOUT_S, default_num_workers
+from fedray.engine.pool import default_num_workers
 from fedray.engine.spec import CoordinatorSpec
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class RayCoordinator:
     :meth:`restart` (with a new pool: its workers died with it or are killed)."""
 
     heartbeat_s: float | None = None  # engine.heartbeat_s (None: the coordinator is not watched; :meth:`_await`)
+    start_timeout_s = EngineConfig.start_timeout_s  # engine.start_timeout_s: how long a new actor may take to answer (:meth:`_await`)
     _answered = False  # the current actor answered a heartbeat: it is up (its start-up is not a hang)
 
     def __init__(self, run):
@@ -99,6 +101,7 @@ class RayCoordinator:
 
         self.ray, self.run = ray, run
         self.heartbeat_s = run.cfg.engine.heartbeat_s
+        self.start_timeout_s = run.cfg.engine.start_timeout_s
         self.test = InStore(ray.put(test_payload(run.bundle)))  # once per run: every restart reuses it
         self.in_flight: dict = {}  # the round the actor is running (it goes on after a Ctrl-C)
         self.restarts = 0  # coordinator actors replaced
@@ -119,13 +122,25 @@ class RayCoordinator:
     def ready(self) -> dict:
         """The coordinator's ``ready`` (workers, parameters) once it and every client worker are set up. An actor
         that dies while they start (its node was lost, or is being lost while Ray still places actors on it)
-        raises :class:`CoordinatorLost`: a restart starts them again, within ``engine.max_coordinator_restarts``."""
+        raises :class:`CoordinatorLost`: a restart starts them again, within ``engine.max_coordinator_restarts``.
+        A client worker the coordinator's pool retired while it started (one that did not answer by
+        ``engine.start_timeout_s``: killed and replaced there, :class:`~fedray.engine.pool.RayPool`) is no loss."""
         if self._setups:
             from ray import exceptions as rex
 
             try:
                 self._get(self._setups[0])  # the coordinator's own errors first (it also waits for its workers)
-                self.ray.get(self._setups[1:])
+                dead = []
+                for i, ref in enumerate(self._setups[1:]):
+                    try:
+                        self.ray.get(ref)
+                    except rex.RayActorError as e:
+                        dead.append((f"w{i}", e))  # the pool's name of the i-th early worker
+                if dead:
+                    retired = {w["name"] for w in self.workers() if w["state"] == "retired"}
+                    for name, err in dead:
+                        if name not in retired:
+                            raise err
             except rex.RayTaskError as e:  # the coordinator's setup found one of its new workers dead
                 if not isinstance(getattr(e, "cause", None), rex.RayActorError):
                     raise
@@ -171,26 +186,21 @@ class RayCoordinator:
             raise e.__cause__ from None
 
     def _await(self, ref) -> None:
-        """Wait for ``ref`` while the coordinator answers its heartbeat (``ping``, on a thread of its own); one left
-        unanswered for ``engine.heartbeat_s`` means a hung coordinator (stopped, deadlocked): it is killed and
-        :class:`CoordinatorLost` raised, so the loop restarts it from the last checkpoint. Until the new actor
-        answers its first heartbeat it is starting (its process, torch's import): that silence may last as long
-        as a worker's start-up may (``WORKER_START_TIMEOUT_S``)."""
-        timeout = self.heartbeat_s
-        if timeout is None:
+        """Wait for ``ref`` while the coordinator answers its heartbeat (:func:`~fedray.driver.launch.await_call`):
+        one left unanswered for ``engine.heartbeat_s`` means a hung coordinator (stopped, deadlocked), and a new
+        actor that has not answered by its start deadline (``engine.start_timeout_s``) is stopped, deadlocked or
+        unplaced: it is killed and :class:`CoordinatorLost` raised, so the loop restarts it from the last
+        checkpoint. With ``engine.heartbeat_s: null`` the coordinator is not watched (its first call, the early
+        start's check, still has the start deadline)."""
+        if self.heartbeat_s is None:
             return
-        interval = max(0.05, min(1.0, timeout / 4))
-        ping, sent = None, 0.0
-        while not self.ray.wait([ref], timeout=interval)[0]:
-            now = time.monotonic()
-            if ping is not None and self.ray.wait([ping], timeout=0)[0]:
-                ping, self._answered = None, True
-            if ping is None:
-                ping, sent = self.coord.ping.remote(), now
-            elif now - sent >= (timeout if self._answered else max(timeout, WORKER_START_TIMEOUT_S)):
-                kill_actors(self.ray, [self.coord])
-                raise CoordinatorLost(f"the coordinator hung: its heartbeat went unanswered for {timeout:g} s "
-                                      f"(engine.heartbeat_s); killed")
+        try:
+            self._answered = await_call(self.ray, self.coord, ref, heartbeat_s=self.heartbeat_s,
+                                        start_timeout_s=self.start_timeout_s, answered=self._answered)
+        except ActorSilent as silent:
+            kill_actors(self.ray, [self.coord])
+            raise CoordinatorLost(f"the coordinator {silent}; killed" if silent.starting else
+                                  f"the coordinator hung: {silent}; killed") from None
 
     def run_round(self, rnd: int) -> RoundReport:
         self.in_flight.update(round=rnd, ref=self.coord.run_round.remote(rnd), t0=time.perf_counter())

@@ -25,7 +25,8 @@ from fedray.core.errors import ConfigError
 from fedray.core.ray_env import current_node_id, ensure_ray
 from fedray.engine.host import ray_coordinator_class
 
-__all__ = ["Actors", "EarlyStart", "coordinator_options", "early_start", "kill_actors", "start_actors"]
+__all__ = ["ActorSilent", "Actors", "EarlyStart", "await_call", "coordinator_options", "early_start", "kill_actors",
+           "start_actors"]
 
 
 def _no_sigterm_warning(record) -> bool:
@@ -73,6 +74,44 @@ def kill_actors(ray, actors: list) -> None:
             ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already dead
             pass
+
+
+class ActorSilent(RuntimeError):
+    """An actor left a call and its heartbeat unanswered (:func:`await_call`): hung after it first answered
+    (``starting`` False), or not up by its start deadline (``starting`` True). The message says why."""
+
+    def __init__(self, message: str, starting: bool):
+        super().__init__(message)
+        self.starting = starting
+
+
+def await_call(ray, actor, ref, *, heartbeat_s: float | None, start_timeout_s: float, answered: bool = False) -> bool:
+    """Wait for ``ref``, a call of ``actor``, while the actor answers its heartbeat (``ping``, on a thread of its
+    own); whether the actor has answered (a ping now, or an earlier call: ``answered``). Until it first answers, it
+    is starting (its process, torch's import, its constructor: it can answer nothing before the constructor
+    returns), for at most ``engine.start_timeout_s``; then the reason says whether Ray started it or could not
+    place it (:func:`fedray.engine.pool.start_silence`). Once it answered, a ping left unanswered for
+    ``engine.heartbeat_s`` is a hang (None: not watched). Either raises :class:`ActorSilent`; the caller kills the
+    actor."""
+    if heartbeat_s is None and answered:
+        return True
+    interval = max(0.05, min(1.0, min(heartbeat_s or start_timeout_s, start_timeout_s) / 4))
+    ping, sent = None, 0.0
+    while not ray.wait([ref], timeout=interval)[0]:
+        now = time.monotonic()
+        if ping is not None and ray.wait([ping], timeout=0)[0]:
+            ping, answered = None, True
+            if heartbeat_s is None:
+                return True
+        if ping is None:
+            ping, sent = actor.ping.remote(), now
+        elif answered and heartbeat_s is not None and now - sent >= heartbeat_s:
+            raise ActorSilent(f"its heartbeat went unanswered for {heartbeat_s:g} s (engine.heartbeat_s)", False)
+        elif not answered and now - sent >= start_timeout_s:
+            from fedray.engine.pool import start_silence
+
+            raise ActorSilent(start_silence(ray, actor, start_timeout_s)[1], True)
+    return answered
 
 
 def start_actors(cfg) -> Actors:
@@ -171,24 +210,26 @@ class EarlyStart:
         """The config's checks that need the registries (:func:`fedray.plugins.check_run`), made by the
         coordinator actor as its first call, so that the driver does not import torch for them. Its
         ConfigError is raised here as one. A coordinator actor that dies first (killed, OOM), or does not answer
-        within a start's allowance (``WORKER_START_TIMEOUT_S``: stopped, deadlocked), is started again with new
-        workers, within ``engine.max_coordinator_restarts``, as one that dies in a round; past that the run stops
+        by its start deadline (``engine.start_timeout_s``: stopped, deadlocked, or Ray could not place it), or hangs
+        after it answered (``engine.heartbeat_s``), is started again with new workers, within
+        ``engine.max_coordinator_restarts``, as one that dies in a round; past that the run stops
         (:class:`~fedray.engine.dispatch.RunAborted`)."""
         actors = self.result()
         import ray
         from ray import exceptions as rex
 
-        from fedray.engine import pool
-
-        limit = int(cfg.engine.max_coordinator_restarts)
+        eng = cfg.engine
+        limit = int(eng.max_coordinator_restarts)
         for attempt in range(limit + 1):
-            try:  # the first call of a new actor: as long as a start may take (torch's import), not for ever
-                ray.get(actors.coord.check.remote(cfg, meta), timeout=pool.WORKER_START_TIMEOUT_S)
+            try:  # the first call of a new actor: as long as its start may take (torch's import), not for ever
+                ref = actors.coord.check.remote(cfg, meta)
+                await_call(ray, actors.coord, ref, heartbeat_s=eng.heartbeat_s,
+                           start_timeout_s=eng.start_timeout_s)
+                ray.get(ref)
                 return
-            except rex.GetTimeoutError as e:  # stopped or deadlocked while it started: as if it died
-                reason = (f"it did not answer its first call within {pool.WORKER_START_TIMEOUT_S:g} s (hung while "
-                          f"starting); killed")
-                err: Exception = e
+            except ActorSilent as silent:  # stopped, deadlocked or never placed while it started: as if it died
+                reason = f"it {silent}; killed" if silent.starting else f"it hung: {silent}; killed"
+                err: Exception = silent
             except rex.RayTaskError as e:
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, ConfigError):

@@ -61,7 +61,8 @@ class Coordinator:
         self.pool: RayPool | LocalPool
         if cfg.engine.backend == "ray":
             self.pool = RayPool(spec.worker_spec(), spec.num_workers, spec.worker_cpus, spec.worker_gpus,
-                                actors=spec.workers, heartbeat_s=cfg.engine.heartbeat_s)
+                                actors=spec.workers, heartbeat_s=cfg.engine.heartbeat_s,
+                                start_timeout_s=cfg.engine.start_timeout_s)
         else:
             self.pool = LocalPool(spec.worker_spec(), spec.num_workers)
         self.program = program_for(self.algorithm)(

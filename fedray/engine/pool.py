@@ -11,7 +11,16 @@ new slot without waiting for it: the round goes on with the workers left (a lost
 capacity shrinks the pool). ``poll()`` adds replacements whose start-up call returned to ``slots`` (a
 replacement that died before it was ready is started again when the scheduler allows it); ``wait`` also
 wakes up when a replacement becomes ready. ``await_worker`` blocks only when no worker is left, until a
-replacement is ready or none can come (no alive node can host one, or ``WORKER_START_TIMEOUT_S``).
+replacement is ready or none can come (no alive node can host one, or Ray could not place the one starting
+by its start deadline).
+
+**Start deadline** (``engine.start_timeout_s``). An actor answers nothing until its constructor returns (its
+process imports torch), so a stopped or deadlocked start-up cannot be told from a slow one by a heartbeat: a
+worker that has not answered this long after it was started is looked up in Ray's actor table
+(:func:`start_silence`). One Ray started (it has a process) is handled like a hung worker: killed and replaced in
+a new slot. One Ray could not place (no process: no node has its resources) fails the pool's start naming the
+resources; a replacement Ray cannot place waits in the background for a node with room, as before, and fails the
+run only when no worker is left.
 The in-process pool replaces a worker in place (``replace`` returns True: the slot is usable again).
 """
 
@@ -23,15 +32,37 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from fedray.config import EngineConfig
 from fedray.core.errors import ConfigError
 from fedray.engine.outcomes import WorkerLost
 from fedray.engine.spec import WorkerSpec
 from fedray.engine.worker import ClientWorker
 
-__all__ = ["LocalPool", "PoolBase", "RayPool", "WorkerLost", "default_num_workers"]
+__all__ = ["LocalPool", "PoolBase", "RayPool", "WorkerLost", "default_num_workers", "start_silence"]
 
-#: How long a pool waits for workers to start: all of them at start-up, or a replacement when no worker is left.
-WORKER_START_TIMEOUT_S = 600.0
+
+def start_silence(ray, actor, timeout: float) -> tuple[bool, str]:
+    """Why ``actor`` has not answered ``timeout`` s after it was started, from Ray's actor table (the GCS; no
+    dashboard needed): (started, reason). ``started``: Ray placed it and its process runs (it has a pid), so it is
+    stopped, deadlocked or slower than the deadline; else Ray has not placed it (no node has its resources free,
+    or its process never registered), or the table could not be read."""
+    head = f"did not answer within {timeout:g} s of its start (engine.start_timeout_s)"
+    try:
+        from ray._private import state
+
+        info = state.actors(actor._actor_id.hex()) or {}
+    except Exception as e:  # noqa: BLE001 - the lookup is for the message; not knowing is said
+        return False, f"{head}; Ray's actor table could not be read ({type(e).__name__}: {e})"
+    pid, node = int(info.get("Pid") or 0), (info.get("Address") or {}).get("NodeID") or ""
+    if pid:
+        return True, (f"{head}: Ray started it (pid {pid} on node {node[:12]}) but it did not answer: stopped, "
+                      f"deadlocked or slower than the deadline")
+    try:
+        available = ray.available_resources()
+    except Exception:  # noqa: BLE001
+        available = "?"
+    return False, (f"{head}: Ray has not placed it (actor state {info.get('State', '?')}, no process): no node has "
+                   f"its resources free; available: {available}")
 
 
 @dataclass(eq=False)
@@ -137,14 +168,16 @@ class RayPool:
     pipeline_depth = 2
 
     def __init__(self, spec: WorkerSpec, num_workers: int, num_cpus: float, num_gpus: float, actors: list | None = None,
-                 heartbeat_s: float | None = None):
+                 heartbeat_s: float | None = None, start_timeout_s: float = EngineConfig.start_timeout_s):
         """``actors``: workers already started with :meth:`start` (the driver starts them while the
         coordinator actor starts, so the two start-ups overlap); the pool waits for them and owns them
-        from here on (replacements are started by the pool). ``heartbeat_s``: see :meth:`check_heartbeats`."""
+        from here on (replacements are started by the pool). ``heartbeat_s``: see :meth:`check_heartbeats`;
+        ``start_timeout_s``: the start deadline (module docstring)."""
         import ray
 
         self.ray = ray
         self.heartbeat_s = heartbeat_s
+        self.start_timeout_s = float(start_timeout_s)
         self.heartbeat_interval = None if heartbeat_s is None else max(0.05, min(1.0, heartbeat_s / 4))
         self._pings: dict[int, tuple[Any, float]] = {}  # slot -> (its unanswered heartbeat, when it was sent)
         self._answered: dict[int, float] = {}  # slot -> when its last heartbeat was answered
@@ -159,11 +192,14 @@ class RayPool:
             raise ValueError(f"RayPool: {len(actors)} pre-started workers given for num_workers={num_workers}")
         self.workers = list(actors) if actors is not None else self.start(spec, num_workers, num_cpus, num_gpus)
         self.names = [f"w{i}" for i in range(num_workers)]
-        self.nodes: list[str | None] = self._ready(self.workers)  # the Ray node of each slot
-        self.live = [True] * num_workers  # False: retired, or a replacement still starting
+        self.nodes: list[str | None] = [None] * num_workers  # the Ray node of each slot
+        self.live = [False] * num_workers  # False: retired, or a worker still starting
         self.lost: list[str] = []  # "<name> (node <id>)" of every worker lost, for error messages
         self._pending: dict = {}  # node_id() ref of a starting replacement -> its slot
+        self._due: dict[int, float] = {}  # slot of a starting replacement -> when its start deadline passes
         self._respawn: list[int] = []  # slots whose replacement died before it was ready
+        self.unplaced: str | None = None  # a replacement Ray could not place by its start deadline, and why
+        self._ready(self.workers)
 
     @staticmethod
     def _actor_cls(num_cpus: float, num_gpus: float):
@@ -175,17 +211,32 @@ class RayPool:
         actor_cls = cls._actor_cls(num_cpus, num_gpus)
         return [actor_cls.remote(spec, f"w{i}") for i in range(num_workers)]
 
-    def _ready(self, actors, timeout: float = WORKER_START_TIMEOUT_S) -> list:
-        """Wait for the pool's first workers; their nodes."""
+    def _ready(self, actors) -> None:
+        """Wait for the pool's first workers, at most ``start_timeout_s``: the ones that answered are live; one Ray
+        started that did not answer is handled like a hung worker (killed, replaced in a new slot: the pool starts
+        smaller and grows back); one Ray could not place fails the start. A worker that died starting raises Ray's
+        error, which the driver takes for a coordinator lost while starting."""
         refs = [a.node_id.remote() for a in actors]
-        ready, pending = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        if pending:
-            raise RuntimeError(
-                f"{len(pending)} of {len(refs)} client workers did not start within {timeout:.0f} s: the cluster "
-                f"may lack the requested resources (num_cpus={self.num_cpus}, num_gpus={self.num_gpus} per worker); "
-                f"available: {self.ray.available_resources()}"
-            )
-        return self.ray.get(refs)
+        self.ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout_s)
+        done = set(self.ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        silent: list[tuple[int, str]] = []
+        unplaced: list[str] = []
+        for slot, ref in enumerate(refs):
+            if ref not in done:
+                started, why = start_silence(self.ray, actors[slot], self.start_timeout_s)
+                if started:
+                    silent.append((slot, why))
+                else:
+                    unplaced.append(f"{self.names[slot]} {why}")
+        if unplaced:
+            raise RuntimeError(f"{len(unplaced)} of {len(refs)} client workers did not start (num_cpus="
+                               f"{self.num_cpus:g}, num_gpus={self.num_gpus:g} per worker): {'; '.join(unplaced)}")
+        for slot, ref in enumerate(refs):
+            if ref in done:
+                self.nodes[slot], self.live[slot] = self.ray.get(ref), True
+        for slot, why in silent:  # as a hung worker: killed, replaced in a new slot
+            self.hung[slot] = f"worker hung while starting: {self.names[slot]} {why}; killed"
+            self.replace(slot)
 
     @property
     def slots(self) -> list[int]:
@@ -287,6 +338,7 @@ class RayPool:
         self.nodes.append(None)
         self.live.append(False)
         self._pending[actor.node_id.remote()] = len(self.workers) - 1
+        self._due[len(self.workers) - 1] = time.monotonic() + self.start_timeout_s
 
     def poll(self, respawn: bool = True) -> None:
         """Take in the replacements that are ready now; one that died before it was ready is started again
@@ -297,26 +349,51 @@ class RayPool:
             done, _ = self.ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
             for ref in done:
                 slot = self._pending.pop(ref)
+                self._due.pop(slot, None)
                 try:
                     self.nodes[slot] = self.ray.get(ref)
                     self.live[slot] = True
                 except (rex.RayActorError, rex.RayTaskError, rex.WorkerCrashedError) as e:
                     self.lost.append(f"{self.names[slot]} (died starting: {str(e).splitlines()[0][:120]})")
                     self._respawn.append(slot)
+        self._check_starts()
         while respawn and self._respawn:
             self._spawn(self._respawn.pop(0))
 
+    def _check_starts(self) -> None:
+        """Replacements past their start deadline (``start_timeout_s``): one Ray started but that did not answer
+        is killed and started again as one that died starting (when the scheduler's restart budget allows); one
+        Ray could not place keeps waiting for a node with room, looked up again a deadline later."""
+        now = time.monotonic()
+        for ref, slot in list(self._pending.items()):
+            if now < self._due.get(slot, now + 1.0):
+                continue
+            started, why = start_silence(self.ray, self.workers[slot], self.start_timeout_s)
+            if not started:
+                self._due[slot] = now + self.start_timeout_s
+                self.unplaced = f"{self.names[slot]} {why}"
+                continue
+            del self._pending[ref]
+            self._due.pop(slot, None)
+            self._kill(self.workers[slot])
+            self.lost.append(f"{self.names[slot]} (hung while starting: {why}; killed)")
+            self._respawn.append(slot)
+
     def await_worker(self, respawn: bool = True, timeout: float | None = None) -> bool:
         """No worker is left: block until a replacement is ready (True), or none can come (False): nothing is
-        starting, no alive node has the resources of a worker, or ``timeout`` passed."""
-        deadline = time.monotonic() + (WORKER_START_TIMEOUT_S if timeout is None else timeout)
+        starting, no alive node has the resources of a worker, Ray could not place the one starting by its start
+        deadline, or ``timeout`` passed. A replacement Ray started that does not answer by its deadline is started
+        again (:meth:`poll`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.unplaced = None
         while True:
             self.poll(respawn)
             if self.slots:
                 return True
-            if not self._pending or not self._capacity() or time.monotonic() >= deadline:
+            if not self._pending or not self._capacity() or self.unplaced is not None or \
+                    (deadline is not None and time.monotonic() >= deadline):
                 return False
-            left = deadline - time.monotonic()
+            left = 1.0 if deadline is None else deadline - time.monotonic()
             self.ray.wait(list(self._pending), num_returns=1, timeout=max(0.0, min(1.0, left)))
 
     def _capacity(self) -> bool:
@@ -330,11 +407,12 @@ class RayPool:
     def lost_summary(self) -> str:
         """Why no worker is left, for the run's error."""
         lost = ", ".join(self.lost) or "none"
+        res = f"num_cpus={self.num_cpus:g}, num_gpus={self.num_gpus:g} per worker"
+        if self.unplaced is not None:
+            return f"workers lost: {lost}; the replacement {self.unplaced} ({res})"
         if self._pending and self._capacity():
-            return (f"workers lost: {lost}; no replacement started within {WORKER_START_TIMEOUT_S:.0f} s "
-                    f"(num_cpus={self.num_cpus:g}, num_gpus={self.num_gpus:g} per worker)")
-        return (f"workers lost: {lost}; no alive Ray node can host a replacement (num_cpus={self.num_cpus:g}, "
-                f"num_gpus={self.num_gpus:g} per worker)")
+            return f"workers lost: {lost}; no replacement was ready in time ({res})"
+        return f"workers lost: {lost}; no alive Ray node can host a replacement ({res})"
 
     def workers_info(self) -> list[dict]:
         """Every slot's worker: name, node, and state (live, starting or retired)."""

@@ -31,7 +31,8 @@ def _engine(coord_setup, *worker_setups) -> RayCoordinator:
     e.ray = _FakeRay()
     e._setups = [coord_setup, *worker_setups]
     e.in_flight = {}
-    e.coord = SimpleNamespace(ready=SimpleNamespace(remote=lambda: {"workers": len(worker_setups)}))
+    e.coord = SimpleNamespace(ready=SimpleNamespace(remote=lambda: {"workers": len(worker_setups)}),
+                              workers=SimpleNamespace(remote=lambda: []))  # the pool retired no worker
     return e
 
 
@@ -56,6 +57,21 @@ def test_ready_when_every_actor_started():
 def test_an_actor_dying_while_starting_is_a_lost_coordinator(coord, worker, says):
     with pytest.raises(CoordinatorLost, match=says):
         _engine(coord, worker).ready()
+
+
+def test_a_worker_the_pool_retired_while_it_started_is_no_lost_start():
+    """A worker stopped in its constructor past engine.start_timeout_s is killed and replaced by the coordinator's
+    pool; the driver's setup call to it then fails with the killed actor. Before the fix that failure counted as a
+    lost start and restarted the coordinator; a worker that died and was not retired still does."""
+    e = _engine(True, True, rex.ActorDiedError())
+    e.coord.workers = SimpleNamespace(remote=lambda: [{"name": "w0", "state": "live"},
+                                                      {"name": "w1", "state": "retired"},
+                                                      {"name": "w1.1", "state": "starting"}])
+    assert e.ready() == {"workers": 2} and e._setups == []
+    e = _engine(True, rex.ActorDiedError(), True)
+    e.coord.workers = SimpleNamespace(remote=lambda: [{"name": "w0", "state": "live"}, {"name": "w1", "state": "retired"}])
+    with pytest.raises(CoordinatorLost, match="an actor died while starting"):
+        e.ready()
 
 
 def test_an_error_in_the_coordinators_setup_is_not_a_lost_coordinator():

@@ -143,12 +143,9 @@ def test_a_coordinator_whose_calls_were_all_short_is_still_found_hung_within_the
         tmp_path, partition_cache, ray_session, clean_hash, monkeypatch):
     """Rounds shorter than the heartbeat's ping interval (1 s) never left a ping answered while a call was pending,
     so the driver kept treating the coordinator as starting: one stopped in round 2 was given the start-up's
-    allowance (WORKER_START_TIMEOUT_S, 600 s; 60 s here) instead of engine.heartbeat_s."""
-    from fedray.driver import handle
-
-    monkeypatch.setattr(handle, "WORKER_START_TIMEOUT_S", 60.0)
+    allowance (engine.start_timeout_s, 600 s; 60 s here) instead of engine.heartbeat_s."""
     logs: list[str] = []
-    cfg = small_config(tmp_path, partition_cache, **BASE, engine__heartbeat_s=4.0,
+    cfg = small_config(tmp_path, partition_cache, **BASE, engine__heartbeat_s=4.0, engine__start_timeout_s=60.0,
                        engine__fault_injection={"kind": "coordinator_stop", "round": 2})
     res = run_experiment(from_dict(cfg), progress=False, log=logs.append)
     assert res.weights_hash == clean_hash
@@ -159,13 +156,10 @@ def test_a_coordinator_whose_calls_were_all_short_is_still_found_hung_within_the
 def test_a_coordinator_stopped_before_its_first_call_is_replaced_after_the_start_allowance(
         tmp_path, partition_cache, ray_session, clean_hash, monkeypatch):
     """Found by bench/chaos.py (the coordinator SIGSTOPped in start-up): the early start's check waited on it with no
-    limit. It now waits as long as a start may take (WORKER_START_TIMEOUT_S; 40 s here), then replaces the actors."""
+    limit. It now waits as long as a start may take (engine.start_timeout_s; 40 s here), then replaces the actors."""
     import os
     import signal
 
-    from fedray.engine import pool
-
-    monkeypatch.setattr(pool, "WORKER_START_TIMEOUT_S", 40.0)  # a new actor answers well within it
     real = launch.EarlyStart.check
     stopped = []
 
@@ -185,9 +179,144 @@ def test_a_coordinator_stopped_before_its_first_call_is_replaced_after_the_start
     watchdog.start()
     logs: list[str] = []
     try:
-        res = run_experiment(from_dict(small_config(tmp_path, partition_cache, **BASE)), progress=False,
-                             log=logs.append)
+        res = run_experiment(from_dict(small_config(tmp_path, partition_cache, **BASE, engine__start_timeout_s=40.0)),
+                             progress=False, log=logs.append)
     finally:
         watchdog.cancel()
     assert res.weights_hash == clean_hash and stopped
-    assert any("did not answer its first call within 40 s" in line for line in logs), logs
+    assert any("did not answer within 40 s of its start (engine.start_timeout_s): Ray started it" in line
+               for line in logs), logs
+
+
+# ------------------------------------------------------------------ an actor stopped inside its constructor (issue 34)
+def _stop_once(token) -> None:
+    """SIGSTOP this process, the first time any process calls it with ``token`` (a file created exclusively: one
+    stop across the run's actors); the file holds the stopped pid."""
+    import os
+    import signal
+
+    try:
+        fd = os.open(token, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _end_stopped(token) -> None:
+    """SIGKILL the process ``token`` names if it is still there (before the fix nothing ever ends it)."""
+    import os
+    import signal
+
+    if token.exists():
+        try:
+            os.kill(int(token.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def test_a_worker_stopped_in_its_constructor_is_replaced_at_the_start_deadline(
+        tmp_path, partition_cache, ray_session, clean_hash, monkeypatch, engines):
+    """Found by bench/chaos.py (seed 21 schedule 7: a ray::RayClientWorker.__init__ SIGSTOPped): the pool waited for
+    it as long as a start may take (600 s), then said the cluster "may lack the requested resources". Now a worker
+    that Ray started but that has not answered by engine.start_timeout_s is killed and replaced like a hung one: no
+    coordinator restart, the run's bits unchanged. Before the fix the watchdog's SIGKILL (90 s) ended the wait and
+    the coordinator's start was lost and restarted instead."""
+    import threading
+
+    import ray
+
+    from fedray.engine import pool
+    from fedray.engine.worker import ClientWorker
+
+    token = tmp_path / "stopped.pid"
+
+    class StopsInInit(ClientWorker):
+        def __init__(self, *args):
+            _stop_once(str(token))
+            super().__init__(*args)
+
+        @ray.method(concurrency_group="heartbeat")
+        def ping(self) -> bool:
+            return True
+
+    stopping = ray.remote(concurrency_groups={"heartbeat": 1})(StopsInInit)
+    monkeypatch.setattr(pool, "_ray_worker_class", lambda: stopping)  # the early start's workers (driver side)
+    watchdog = threading.Timer(90.0, _end_stopped, (token,))
+    watchdog.start()
+    seen: dict = {}
+    logs: list[str] = []
+    try:
+        cfg = small_config(tmp_path, partition_cache, **{**BASE, "engine__num_workers": 2},
+                           engine__start_timeout_s=20.0)
+        res = run_experiment(from_dict(cfg), progress=False, log=logs.append,
+                             on_round=lambda report: seen.update(workers=engines[-1].workers()))
+    finally:
+        watchdog.cancel()
+        _end_stopped(token)
+    assert res.weights_hash == clean_hash and token.exists()
+    assert not any("coordinator lost" in line for line in logs), logs
+    assert len(engines) == 1 and engines[0].restarts == 0
+    states = {w["name"]: w["state"] for w in seen["workers"]}
+    retired = [n for n, s in states.items() if s == "retired"]
+    assert len(retired) == 1 and retired[0] in ("w0", "w1"), states  # the stopped one, replaced in a new slot
+    assert any(n.startswith(f"{retired[0]}.") for n in states), states
+    assert [r["round"] for r in RunDir(res.run_dir).read_metrics()] == [1, 2]
+
+
+def test_a_coordinator_stopped_in_its_constructor_fails_the_run_naming_the_start_deadline(
+        tmp_path, partition_cache, ray_session, monkeypatch):
+    """Found by bench/chaos.py (seed 22 schedule 4, cluster schedules 8 and 12: a CoordinatorHost.__init__
+    SIGSTOPped): the driver's check waited on it for 600 s. Now it is given engine.start_timeout_s, then handled as
+    a coordinator lost while starting; with no restart left the run stops saying which deadline passed and that Ray
+    had started the process (not a lack of resources). Before the fix the check waited 600 s (the watchdog's SIGKILL
+    at 90 s ended it as a death, without the deadline's name)."""
+    import threading
+
+    import ray
+
+    from fedray.engine.host import CoordinatorHost
+
+    token = tmp_path / "stopped.pid"
+
+    class StopsInInit(CoordinatorHost):
+        def __init__(self):
+            _stop_once(str(token))
+            super().__init__()
+
+        @ray.method(concurrency_group="heartbeat")
+        def ping(self) -> bool:
+            return True
+
+    stopping = ray.remote(concurrency_groups={"heartbeat": 1})(StopsInInit)
+    monkeypatch.setattr(launch, "ray_coordinator_class", lambda ray_: stopping)
+    watchdog = threading.Timer(90.0, _end_stopped, (token,))
+    watchdog.start()
+    cfg = small_config(tmp_path, partition_cache, **BASE, engine__start_timeout_s=8.0,
+                       engine__max_coordinator_restarts=0)
+    try:
+        with pytest.raises(RunAborted, match=r"the coordinator died while starting, 1 time\(s\) \(engine\.max_"
+                                             r"coordinator_restarts=0\): it did not answer within 8 s of its start "
+                                             r"\(engine\.start_timeout_s\): Ray started it \(pid \d+ on node"):
+            run_experiment(from_dict(cfg), progress=False, log=lambda *a: None)
+    finally:
+        watchdog.cancel()
+        _end_stopped(token)
+    assert token.exists()
+
+
+def test_a_pool_whose_worker_ray_cannot_place_says_so_at_the_start_deadline(ray_session):
+    """The other half of the start deadline's message: a worker no node has the resources of (no process) is named
+    as not placed, with the cluster's available resources, not as hung."""
+    from fedray.engine.pool import RayPool
+
+    actors = RayPool.start(None, 1, 1000.0, 0.0)  # more CPUs than the test session's Ray has
+    try:
+        with pytest.raises(RuntimeError, match=r"1 of 1 client workers did not start \(num_cpus=1000, num_gpus=0 per "
+                                               r"worker\): w0 did not answer within 1 s of its start \(engine\.start_"
+                                               r"timeout_s\): Ray has not placed it \(actor state PENDING_CREATION, "
+                                               r"no process\)"):
+            RayPool(None, 1, 1000.0, 0.0, actors=actors, start_timeout_s=1.0)
+    finally:
+        launch.kill_actors(ray_session, actors)
