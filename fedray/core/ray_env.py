@@ -205,6 +205,19 @@ def _refresh_ray_config() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
+def _keep_signals_with_python() -> None:
+    """No abseil failure-signal handler in this process (the driver). Ray's core worker installs one when this process
+    joins Ray, for SIGTERM too: it prints ``*** SIGTERM received``, calls the handler before it and raises the
+    signal again, so a SIGTERM between ``ray.init`` and the round loop's own handler ended the driver (exit 1 or
+    134, ``run.json`` as it was) instead of running fedray's (``sys.exit(15)``: the run stops as interrupted; found
+    by bench/chaos.py). Ray reads ``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` when it creates the core
+    worker: set here, in this process only; the environment variable would also reach the processes a local Ray
+    starts, whose crash reports stay on."""
+    from ray._private import ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+
+
 def _pin_loopback() -> None:
     """Keep this process's Ray (and the processes it starts) on 127.0.0.1: without this Ray replaces a
     loopback node IP or address by the machine's outward IP."""
@@ -295,6 +308,7 @@ def ensure_ray(object_store_memory: int | None = None, *, address: str | None = 
 
     if ray.is_initialized():
         return False
+    _keep_signals_with_python()
     address = (address or os.environ.get("RAY_ADDRESS") or "").strip()
     if address and address != "local":
         if py_modules:

@@ -101,6 +101,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         cfg.engine.ray_address = ray_address  # not hashed: the same run on another cluster
     result = RunResult(run_dir=run.rd.path)
     engine, trackers = None, run.trackers
+    looping = False  # the round loop runs: it handles a first Ctrl-C / SIGTERM itself
     try:
         engine = open_coordinator(run)
         info = _ready(engine, cfg, log)
@@ -116,6 +117,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
         loop = RoundLoop(run, engine, _callbacks(run, cfg.output.progress if progress is None else progress, on_round,
                                                  trackers, log), result, log)
         t_rounds = time.perf_counter()
+        looping = True
         loop.run_rounds(start_round)
         result.rounds_seconds = time.perf_counter() - t_rounds
         finish_run(run, engine, result, log)
@@ -124,7 +126,8 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
             early.abort()
         if not result.failed and not isinstance(e, Exception):  # a second Ctrl-C / SIGTERM during the finish
             result.interrupted = True
-            stop_run(run, log)
+            stop_run(run, log, "stopped by a second Ctrl-C / SIGTERM" if looping else
+                     "stopped by Ctrl-C / SIGTERM while the run started, before its rounds")
         else:
             result.failed = result.failed or _reason(e)
             fail_run(run, engine, result, log)

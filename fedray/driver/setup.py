@@ -189,14 +189,15 @@ def fail_run(run: Run, engine, result: RunResult, log=print) -> None:
     log(f"[fedray] failed: {result.failed} | outputs in {rd.path}")
 
 
-def stop_run(run: Run, log=print) -> None:
-    """A second Ctrl-C or SIGTERM ended the run while it stopped or finished: ``run.json`` says ``interrupted`` (the
-    checkpoint ``latest`` names is where ``--resume`` goes on), unless it already says how the run ended. Without
-    it the record kept saying ``running`` (read as ``killed``), though this driver was alive to write it."""
+def stop_run(run: Run, log=print, why: str = "stopped by a second Ctrl-C / SIGTERM") -> None:
+    """A Ctrl-C or SIGTERM ended the run outside the round loop's handling (a second one while the run stopped or
+    finished, or one while it started): ``run.json`` says ``interrupted`` with ``why`` (the checkpoint ``latest``
+    names is where ``--resume`` goes on), unless it already says how the run ended. Without it the record kept
+    saying ``running`` (read as ``killed``), though this driver was alive to write it."""
     try:
         info = run.rd.read_json("run.json")
         if info.get("status") == "running":
-            info.update(status="interrupted", error="stopped by a second Ctrl-C / SIGTERM")
+            info.update(status="interrupted", error=why)
             run.rd.write_json("run.json", info)
             run.rd.release_space()
     except Exception as e:  # noqa: BLE001 - a third signal, a full disk: the record reads killed then

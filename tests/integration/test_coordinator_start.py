@@ -306,6 +306,56 @@ def test_a_coordinator_stopped_in_its_constructor_fails_the_run_naming_the_start
     assert token.exists()
 
 
+# ------------------------------------------------------------------ SIGTERM between ray.init and the first round
+def test_a_sigterm_after_ray_init_ends_the_driver_through_fedray_s_handler(tmp_path):
+    """Found by bench/chaos.py: Ray's core worker installed abseil's failure-signal handler in the driver when it
+    joined Ray, and it took SIGTERM too (``*** SIGTERM received``, then the signal raised again: exit 134 or 1, no
+    record), until the round loop set its own handler. The driver signals itself in the middle of its first write of
+    run.json, which comes after the coordinator's check, so after ray.init: now fedray's handler ends it (exit 15,
+    as before Ray is up), the interrupted write leaves no file behind."""
+    import os
+    import subprocess
+    import sys
+
+    from fedray.core.io import FAULT_ENV
+    from tests.helpers import ROOT, write_tiny_config
+
+    cfg = write_tiny_config(tmp_path, backend="ray")
+    r = subprocess.run([sys.executable, "-m", "fedray", "run", str(cfg), "--quiet"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "TQDM_DISABLE": "1", FAULT_ENV: "run.json@1=sigterm",
+                                                    "FEDRAY_NO_WARM": "1"})
+    assert r.returncode == 15, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "SIGTERM received" not in r.stderr, r.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "tiny"
+    assert not (run_dir / "run.json").exists() and not [p for p in run_dir.iterdir() if ".tmp" in p.name]
+
+
+def test_a_sigterm_while_the_run_starts_records_it_interrupted(tmp_path, partition_cache, ray_session, monkeypatch):
+    """A SIGTERM after run.json claimed the directory and before the round loop (the coordinator's start): run.json
+    says interrupted, naming the start; before, it said "stopped by a second Ctrl-C / SIGTERM" of a first one."""
+    import os
+    import signal
+    import sys
+
+    real = runner.open_coordinator
+
+    def open_then_sigterm(run):
+        engine = real(run)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return engine
+
+    monkeypatch.setattr(runner, "open_coordinator", open_then_sigterm)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # the early start's handler
+    try:
+        with pytest.raises(SystemExit):
+            run_experiment(from_dict(small_config(tmp_path, partition_cache, **BASE)), progress=False,
+                           log=lambda *a: None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    info = RunDir(next((tmp_path / "runs").iterdir())).read_json("run.json")
+    assert info["status"] == "interrupted" and "while the run started" in info["error"], info
+
+
 def test_a_pool_whose_worker_ray_cannot_place_says_so_at_the_start_deadline(ray_session):
     """The other half of the start deadline's message: a worker no node has the resources of (no process) is named
     as not placed, with the cluster's available resources, not as hung."""
