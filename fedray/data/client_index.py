@@ -21,9 +21,103 @@ import numpy as np
 
 from .table import DataError
 
-__all__ = ["CHUNK_ROWS", "ClientIndex", "class_count_chunks", "counts_of", "label_stats"]
+__all__ = ["CHUNK_ROWS", "PASS_ROWS", "ClientIndex", "class_count_chunks", "counts_of", "group_stable", "label_stats",
+           "row_dtype", "rows_by_class"]
 
 CHUNK_ROWS = 1 << 22  # rows per pass of the chunked helpers (sizes, counts, hashing): about 32 MB of int64
+PASS_ROWS = 1 << 19  # items per pass of the counting sort's placement (group_stable): its arrays, about 25 MB
+
+
+def row_dtype(n: int) -> np.dtype:
+    """int32 when the numbers ``0 .. n - 1`` (row numbers, client ids) fit it, else int64: half the bytes of
+    the temporaries of the partitioners at ten million clients; results stay int64."""
+    return np.dtype(np.int32) if n <= np.iinfo(np.int32).max else np.dtype(np.int64)
+
+
+def group_stable(keys: np.ndarray, num_keys: int, *, at: np.ndarray | None = None, dtype=None,
+                 what: str = "group_stable: keys", pass_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A stable counting sort by key, in linear memory: ``(grouped, offsets)`` (``offsets``: int64, ``num_keys + 1``
+    entries) with ``grouped[offsets[k]:offsets[k + 1]]`` the items whose key is ``k``, in ascending item order.
+
+    Items are ``i = 0 .. len(keys) - 1`` with key ``keys[i]`` and value ``i``, or, with ``at``, ``i = 0 ..
+    len(at) - 1`` with key ``keys[at[i]]`` and value ``at[i]``; items with key -1 are left out. So ``grouped`` is
+    ``np.argsort(keys, kind="stable")`` without the -1 items (``at[np.argsort(keys[at], kind="stable")]`` with
+    ``at``): the same array, whatever the algorithm, since a stable order is unique. ``dtype``: of ``grouped``
+    (default: ``at``'s, else :func:`row_dtype`). Two passes of ``pass_rows`` items (:data:`PASS_ROWS`): one counts the keys, one
+    sorts each pass's items stably by key and puts them after the items of the same key of the passes before
+    (each key's cursor is its entry of ``offsets``, which ends as its end). Memory besides ``grouped`` and
+    ``offsets``: a pass's arrays and, while counting, one ``num_keys``-long count."""
+    keys = np.asarray(keys)
+    n_items = len(at) if at is not None else len(keys)
+    out_dtype = np.dtype(dtype) if dtype is not None else (at.dtype if at is not None else row_dtype(n_items))
+    step = max(1, int(PASS_ROWS if pass_rows is None else pass_rows))
+
+    def key_pass(lo: int, hi: int) -> np.ndarray:
+        return keys[lo:hi] if at is None else keys[at[lo:hi]]
+
+    counts = np.zeros(num_keys + 1, dtype=np.int64)  # counts[0]: the items with key -1
+    count_step = max(step, CHUNK_ROWS)
+    for lo in range(0, n_items, count_step):
+        part = key_pass(lo, lo + count_step)
+        if part.size and (int(part.min()) < -1 or int(part.max()) >= num_keys):
+            raise DataError(f"{what} must lie in [-1, {num_keys}), found [{int(part.min())}, {int(part.max())}]")
+        counts += np.bincount(part.astype(np.int64) + 1, minlength=num_keys + 1)
+        del part
+    dropped = int(counts[0])
+    offsets = np.zeros(num_keys + 1, dtype=np.int64)
+    np.cumsum(counts[1:], out=offsets[1:])
+    offsets[1:] -= counts[1:]  # offsets[k + 1]: key k's first place; it advances to key k's end
+    del counts
+    grouped = np.empty(n_items - dropped, dtype=out_dtype)
+    cursor = offsets[1:]
+    for lo in range(0, n_items, step):
+        k = key_pass(lo, lo + step)
+        sel = np.flatnonzero(k >= 0) if dropped else None
+        if sel is not None:
+            k = k[sel]
+        if not k.size:
+            continue
+        shift = max(1, (k.size - 1).bit_length())
+        if num_keys <= 1 << 16:  # numpy sorts 8- and 16-bit keys stably by radix, in linear time
+            order = np.argsort(k.astype(np.uint8 if num_keys <= 1 << 8 else np.uint16), kind="stable")
+            ks = k[order]
+        else:  # (key, place in the pass) is unique: its sort is the stable order
+            if (num_keys - 1).bit_length() + shift > 62:
+                raise DataError(f"group_stable: {num_keys} keys and passes of {k.size} items do not fit 63 bits")
+            comp = k.astype(np.int64) << shift
+            comp |= np.arange(k.size)
+            comp.sort()
+            order, ks = comp & ((1 << shift) - 1), comp >> shift
+            del comp
+        del k
+        if sel is not None:
+            order = sel[order]
+        order += lo  # the items, in key order (stable)
+        starts = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+        starts = np.concatenate([np.zeros(1, dtype=starts.dtype), starts])
+        lens = np.diff(np.append(starts, ks.size))
+        first = ks[starts]
+        del ks
+        dest = np.repeat(cursor[first] - starts, lens)
+        dest += np.arange(dest.size)
+        grouped[dest] = order if at is None else at[order]
+        cursor[first] += lens
+    return grouped, offsets
+
+
+def rows_by_class(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(classes, rows, offsets)``: the classes present in ``labels`` (non-negative integers) in ascending order,
+    and the rows of the ``i``-th of them, ``rows[offsets[i]:offsets[i + 1]]``, ascending: ``np.flatnonzero(labels
+    == classes[i])`` for every class in one counting sort (:func:`group_stable`; ``rows`` int32 below 2^31 rows)."""
+    labels = np.asarray(labels)
+    top = int(labels.max()) if labels.size else -1
+    if top < max(1 << 20, labels.size):  # the labels index a count of their own
+        rows, offsets = group_stable(labels, top + 1, what="rows_by_class: labels")
+        present = np.flatnonzero(offsets[1:] > offsets[:-1])
+        return present, rows, np.append(offsets[present], offsets[-1])
+    classes, inverse = np.unique(labels, return_inverse=True)
+    rows, offsets = group_stable(inverse.reshape(-1), classes.size, what="rows_by_class: labels")
+    return classes, rows, offsets
 
 
 class ClientIndex(Sequence):
@@ -71,26 +165,15 @@ class ClientIndex(Sequence):
     @classmethod
     def from_owner(cls, owner: np.ndarray, num_clients: int) -> "ClientIndex":
         """Client ``k`` gets the rows ``r`` with ``owner[r] == k`` in ascending order; rows with owner -1 are
-        left out. One stable sort of ``owner`` (the -1 rows sort first and are dropped): the same arrays as
-        splitting the ascending assigned rows by a stable sort of their owners."""
+        left out: the same arrays as splitting the ascending assigned rows by a stable sort of their owners. A
+        counting sort (:func:`group_stable`): besides the result (8 bytes a row and 8 a client), a pass's arrays,
+        never a sort of every row at once; ``owner`` may be any integer dtype (int32 at ten million clients)."""
         owner = np.asarray(owner)
         if owner.ndim != 1:
             raise DataError(f"ClientIndex.from_owner: owner must be 1-D, got shape {owner.shape}")
         if not np.issubdtype(owner.dtype, np.integer):
             owner = owner.astype(np.int64)
-        counts = np.zeros(num_clients + 1, dtype=np.int64)  # counts[0]: unassigned rows (owner -1)
-        for lo in range(0, owner.size, CHUNK_ROWS):
-            part = owner[lo:lo + CHUNK_ROWS]
-            if part.size and (int(part.min()) < -1 or int(part.max()) >= num_clients):
-                raise DataError(f"ClientIndex.from_owner: owners must lie in [-1, {num_clients}), found "
-                                f"[{int(part.min())}, {int(part.max())}]")
-            counts += np.bincount(part.astype(np.int64) + 1, minlength=num_clients + 1)
-        order = np.argsort(owner, kind="stable")
-        # every row assigned: the order is the rows (a copy would hold both: 8 bytes a row more at the peak)
-        rows = order if counts[0] == 0 else order[int(counts[0]):].copy()
-        del order
-        offsets = np.zeros(num_clients + 1, dtype=np.int64)
-        np.cumsum(counts[1:], out=offsets[1:])
+        rows, offsets = group_stable(owner, num_clients, dtype=np.int64, what="ClientIndex.from_owner: owners")
         return cls(rows, offsets)
 
     # -- the Sequence of arrays ----------------------------------------------------------------------

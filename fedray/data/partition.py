@@ -39,8 +39,8 @@ import numpy as np
 from fedray.core.params import ParamSpec, check_params, check_value
 from fedray.core.registry import Registry, RegistryError, caller_module, first_line, param_table, register_function
 
-from .client_index import ClientIndex, label_stats
-from .draws import sorted_choices
+from .client_index import PASS_ROWS, ClientIndex, group_stable, label_stats, row_dtype, rows_by_class
+from .draws import assign_cuts, class_sets, cuts_owner
 from .table import DataError
 
 __all__ = ["PARTITIONERS", "ClientIndex", "ParamSpec", "PartitionerSpec", "partition_indices", "canonical_params",
@@ -106,16 +106,6 @@ def _split_by_owner(owner: np.ndarray, num_clients: int) -> ClientIndex:
     return ClientIndex.from_owner(owner, num_clients)
 
 
-def _cuts_owner(n: int, proportions: np.ndarray) -> np.ndarray:
-    """Owner of each of ``n`` positions when they are cut at ``floor(cumsum(p) * n)[:-1]``.
-
-    This is exactly ``np.split(x, (np.cumsum(p) * n).astype(int)[:-1])`` expressed as "position j
-    goes to section k": k = number of cuts <= j.
-    """
-    cuts = (np.cumsum(proportions) * n).astype(int)[:-1]
-    return np.searchsorted(cuts, np.arange(n), side="right")
-
-
 def _check_min_size(pname: str, min_size: int, num_clients: int, m: int) -> None:
     if min_size * num_clients > m:
         raise _err(
@@ -133,17 +123,17 @@ def _iid(labels, num_clients, seed, domains, natural, *, remainder):
     M mod N rows at the end of the permutation unassigned, ``'spread'`` gives one of them to each of
     the first M mod N clients (sizes then differ by at most one, as Flower's ``IidPartitioner``)."""
     m = labels.shape[0]
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(m)
     size, rest = divmod(m, num_clients)
-    sizes = np.full(num_clients, size, dtype=np.int64)
-    if remainder == "spread":
-        sizes[:rest] += 1
-    owner = np.full(m, -1, dtype=np.int64)
-    used = int(sizes.sum())
-    owner[perm[:used]] = np.repeat(np.arange(num_clients), sizes)
-    del perm  # not held through the sort of the owners (8 bytes a row at the peak)
-    return _split_by_owner(owner, num_clients)
+    rest = rest if remainder == "spread" else 0
+    offsets = np.arange(num_clients + 1, dtype=np.int64)
+    offsets *= size
+    offsets[:rest + 1] += np.arange(rest + 1)
+    offsets[rest + 1:] += rest
+    # client k: permutation positions offsets[k] .. offsets[k + 1], ascending (each run sorted in place, no owners)
+    perm = np.random.default_rng(seed).permutation(m)
+    perm[:rest * (size + 1)].reshape(rest, size + 1).sort(axis=1)
+    perm[rest * (size + 1):int(offsets[-1])].reshape(num_clients - rest, size).sort(axis=1)
+    return ClientIndex(perm[:int(offsets[-1])], offsets)
 
 
 def _dirichlet(labels, num_clients, seed, domains, natural, *, alpha, min_partition_size, self_balancing, max_attempts):
@@ -161,25 +151,28 @@ def _dirichlet(labels, num_clients, seed, domains, natural, *, alpha, min_partit
     rng = np.random.default_rng(seed)
     num_classes = int(labels.max()) + 1 if m else 0
     alpha_vec = alpha * np.ones(num_clients) if np.isscalar(alpha) else np.asarray(alpha, dtype=np.float64)
-    class_pos = [np.flatnonzero(labels == c) for c in range(num_classes)]
+    by_class, class_off = group_stable(labels, num_classes)  # class c's rows, ascending: flatnonzero(labels == c)
     avg = m / num_clients
     for _attempt in range(max_attempts):
-        owner = np.full(m, -1, dtype=np.int64)
+        owner = np.full(m, -1, dtype=row_dtype(num_clients))
         sizes = np.zeros(num_clients, dtype=np.int64)
         for c in range(num_classes):
-            idx_c = class_pos[c].copy()
+            idx_c = by_class[class_off[c]:class_off[c + 1]].copy()  # rng.shuffle draws the same for any dtype
             rng.shuffle(idx_c)
             p = rng.dirichlet(alpha_vec)
             if self_balancing:
                 p = np.where(sizes > avg, 0.0, p)
                 total = p.sum()
                 p = p / total if total > 0 else np.full(num_clients, 1.0 / num_clients)
-            own_c = _cuts_owner(len(idx_c), p)
-            owner[idx_c] = own_c
+            assign_cuts(owner, idx_c, p)
             if self_balancing:
-                sizes += np.bincount(own_c, minlength=num_clients)
+                sizes += np.bincount(owner[idx_c], minlength=num_clients)
+        del p, sizes
+        if min_partition_size <= 0:
+            del by_class, alpha_vec  # not held through the sort of the owners
         parts = _split_by_owner(owner, num_clients)
-        if min_partition_size <= 0 or min(len(p) for p in parts) >= min_partition_size:
+        del owner
+        if min_partition_size <= 0 or int(parts.sizes.min()) >= min_partition_size:
             return parts
     raise _err(
         "dirichlet",
@@ -245,13 +238,27 @@ def _shards(labels, num_clients, seed, domains, natural, *, shards_per_client):
         raise _err("shards", f"shards_per_client={shards_per_client} x {num_clients} clients = {total_shards} shards > {m} samples")
     rng = np.random.default_rng(seed)
     size = m // total_shards
-    keep = rng.permutation(m)[: size * total_shards]
-    order = keep[np.argsort(labels[keep], kind="stable")]
+    # rng.permutation(k) is np.arange(k) shuffled, and a shuffle draws the same for any dtype: int32 below 2^31
+    perm = np.arange(m, dtype=row_dtype(m))
+    rng.shuffle(perm)
+    if int(labels.max()) < max(1 << 20, m):  # keep[argsort(labels[keep], kind="stable")] by a counting sort
+        order = group_stable(labels, int(labels.max()) + 1, at=perm[: size * total_shards])[0]
+    else:
+        keep = perm[: size * total_shards]
+        order = keep[np.argsort(labels[keep], kind="stable")]
+    del perm
     shard_rows = order.reshape(total_shards, size)
-    assign = rng.permutation(total_shards).reshape(num_clients, shards_per_client)
-    owner = np.full(m, -1, dtype=np.int64)
-    owner[shard_rows[assign.reshape(-1)].reshape(-1)] = np.repeat(np.arange(num_clients), shards_per_client * size)
-    return _split_by_owner(owner, num_clients)
+    assign = np.arange(total_shards, dtype=row_dtype(total_shards))
+    rng.shuffle(assign)
+    per = shards_per_client * size  # client k holds shards assign[k * spc .. (k + 1) * spc], its rows ascending
+    rows = np.empty(num_clients * per, dtype=np.int64)
+    step = max(1, PASS_ROWS // per)
+    for lo in range(0, num_clients, step):
+        hi = min(num_clients, lo + step)
+        rows[lo * per:hi * per] = shard_rows[assign[lo * shards_per_client:hi * shards_per_client]].reshape(-1)
+    del order, shard_rows, assign
+    rows.reshape(num_clients, per).sort(axis=1)
+    return ClientIndex(rows, np.arange(num_clients + 1, dtype=np.int64) * per)
 
 
 def _classes_per_client(labels, num_clients, seed, domains, natural, *, classes, assignment):
@@ -266,47 +273,25 @@ def _classes_per_client(labels, num_clients, seed, domains, natural, *, classes,
     left unassigned.
     """
     m = labels.shape[0]
-    uniq, inverse = np.unique(labels, return_inverse=True)
+    uniq, by_class, class_off = rows_by_class(labels)  # class i's rows, ascending: flatnonzero(inverse == i)
     c_count = uniq.shape[0]
     if classes > c_count:
         raise _err("classes_per_client", f"classes={classes} exceeds the {c_count} classes present in the data")
     rng = np.random.default_rng(seed)
-    sets = _class_sets(rng, num_clients, c_count, classes, assignment)
-    owner = np.full(m, -1, dtype=np.int64)
+    sets = class_sets(rng, num_clients, c_count, classes, assignment)
+    owner = np.full(m, -1, dtype=row_dtype(num_clients))
     for c in range(c_count):
         holders = np.flatnonzero((sets == c).any(axis=1))  # ascending client ids, as the per-client loop appended
         if not holders.size:
             continue
-        rows = rng.permutation(np.flatnonzero(inverse == c))
+        rows = by_class[class_off[c]:class_off[c + 1]].copy()  # rng.permutation(rows) is a shuffled copy
+        rng.shuffle(rows)
         base, rest = divmod(rows.shape[0], holders.size)
         sizes = np.full(holders.size, base, dtype=np.int64)
         sizes[:rest] += 1
         owner[rows] = np.repeat(holders, sizes)
+    del by_class, sets
     return _split_by_owner(owner, num_clients)
-
-
-def _class_sets(rng, n: int, c_count: int, classes: int, assignment: str) -> np.ndarray:
-    """Every client's class set of :func:`_classes_per_client`, an ``(n, classes)`` array (a row in any order).
-
-    The random draws are those of one ``rng.choice`` per client, client 0 first, made at once by
-    :func:`~fedray.data.draws.sorted_choices` (the same draws, the generator left in the same state); numpy
-    takes another algorithm above its population limit, and there the calls are made one by one."""
-    dtype = np.int16 if c_count < (1 << 15) else np.int64
-    if assignment == "deterministic":
-        return ((np.arange(n, dtype=np.int64)[:, None] + np.arange(classes)) % c_count).astype(dtype)
-    if assignment == "first-deterministic":
-        first = np.arange(n, dtype=np.int64) % c_count
-        idx = sorted_choices(rng, c_count - 1, classes - 1, n)
-        if idx is None:
-            every = np.arange(c_count)
-            others = np.array([rng.choice(every[every != f], size=classes - 1, replace=False) for f in first.tolist()])
-        else:
-            others = idx + (idx >= first[:, None])  # the idx-th class other than the client's first
-        return np.concatenate([first[:, None], others.reshape(n, classes - 1)], axis=1).astype(dtype)
-    sets = sorted_choices(rng, c_count, classes, n)
-    if sets is None:
-        sets = np.array([rng.choice(c_count, size=classes, replace=False) for _ in range(n)], dtype=np.int64)
-    return sets.reshape(n, classes).astype(dtype)
 
 
 def _dirichlet_sizes(labels, num_clients, seed, domains, natural, *, alpha, min_partition_size, max_attempts):
@@ -319,7 +304,7 @@ def _dirichlet_sizes(labels, num_clients, seed, domains, natural, *, alpha, min_
     perm = rng.permutation(m)
     for _attempt in range(max_attempts):
         q = rng.dirichlet(alpha * np.ones(num_clients))
-        own = _cuts_owner(m, q)
+        own = cuts_owner(m, q)
         sizes = np.bincount(own, minlength=num_clients)
         if sizes.min() >= min_partition_size:
             owner = np.empty(m, dtype=np.int64)
@@ -387,7 +372,11 @@ def _natural(labels, num_clients, seed, domains, natural, *, allow_fewer):
     """
     m = natural.shape[0]
     if m > 1 and bool(np.all(natural[1:] >= natural[:-1])):  # ids in runs (the synthetic source): no sort
-        starts = np.concatenate([[0], np.flatnonzero(natural[1:] != natural[:-1]) + 1, [m]]).astype(np.int64)
+        breaks = np.flatnonzero(natural[1:] != natural[:-1])
+        starts = np.empty(breaks.size + 2, dtype=np.int64)  # 0, every run's first row, m: no temporary of them
+        starts[0], starts[-1] = 0, m
+        np.add(breaks, 1, out=starts[1:-1])
+        del breaks
         n_ids = starts.size - 1
         _check_natural(num_clients, n_ids, allow_fewer)
         return ClientIndex(np.arange(starts[num_clients], dtype=np.int64), starts[:num_clients + 1])
