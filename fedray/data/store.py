@@ -116,22 +116,30 @@ def _source_table(split: Split) -> pa.Table:
 
 
 def _write_partition(
-    tmp: Path, split: Split, parts: ClientIndex, spec: dict, h: str, fingerprint: str,
+    tmp: Path, split: Split, handed: list[ClientIndex], spec: dict, h: str, fingerprint: str,
     domains: np.ndarray | None, block_bytes: int, file_bytes: int, progress: bool,
 ) -> None:
+    """Write the partition ``handed.pop()`` (the caller hands its only reference over, so the rows, 8 bytes a
+    row, are freed once the packed files and the manifest are written, before the client index)."""
     meta = split.meta
+    parts = handed.pop()
+    n, assigned = len(parts), parts.num_rows
     (tmp / DATA_DIR).mkdir(parents=True)
     pool = pa.default_memory_pool()
-    with ProgressBar(parts.num_rows, "rows", f"partition {h}: rows", enabled=progress and parts.num_rows >= 1 << 20) as bar:
+    with ProgressBar(assigned, "rows", f"partition {h}: rows", enabled=progress and assigned >= 1 << 20) as bar:
         index = write_packed(tmp, _source_table(split), parts, block_bytes=block_bytes, file_bytes=file_bytes,
                              progress=bar.update)
     pool.release_unused()  # Arrow's allocator keeps freed buffers: give the gathered groups back
-    with ProgressBar(len(parts), "clients", f"partition {h}: manifest", enabled=progress and len(parts) >= 1 << 17) as bar:
+    with ProgressBar(n, "clients", f"partition {h}: manifest", enabled=progress and n >= 1 << 17) as bar:
         majority = write_manifest(tmp / MANIFEST_FILE, split.labels, parts, meta.num_classes, domains,
                                   index.client_block, index.client_row, h, progress=bar.update)
     pool.release_unused()
-    clients = write_clients(tmp / CLIENTS_FILE, parts.sizes, index.client_block, index.client_row, majority)
-    del index.client_block, index.client_row, majority
+    offsets = parts.offsets
+    del parts  # the last reference: the rows go before the client index is written
+    sizes = np.diff(offsets)
+    del offsets
+    clients = write_clients(tmp / CLIENTS_FILE, sizes, index.client_block, index.client_row, majority)
+    del index.client_block, index.client_row, majority, sizes
     pq.write_table(index.blocks, str(tmp / BLOCKS_FILE), compression="zstd")
     doc = {
         "format": FORMAT_VERSION,
@@ -140,9 +148,9 @@ def _write_partition(
         "spec": spec,
         "meta": asdict(meta),
         "source_fingerprint": fingerprint,
-        "num_clients": len(parts),
+        "num_clients": n,
         "num_rows": int(split.table.num_rows),
-        "assigned_rows": parts.num_rows,
+        "assigned_rows": assigned,
         "files": index.files,
         "clients": clients,
         "manifest": file_entry(tmp / MANIFEST_FILE, MANIFEST_FILE),
@@ -233,8 +241,9 @@ def build_partition(
         parts = _partition(split, resolved)
     tmp = root / f".tmp-{h}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        _write_partition(tmp, split, parts, resolved, h, fingerprint, split.domains, block_bytes, file_bytes, progress)
-        del parts
+        handed = [parts]
+        del parts  # _write_partition holds the only reference and frees the rows as soon as it can
+        _write_partition(tmp, split, handed, resolved, h, fingerprint, split.domains, block_bytes, file_bytes, progress)
         _install(tmp, final, overwrite or existed)  # a damaged one is replaced even if it has a marker
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
