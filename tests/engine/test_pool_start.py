@@ -1,0 +1,97 @@
+"""RayPool's start deadline (engine.start_timeout_s) for a replacement that is still starting, on a fake Ray: one Ray
+started that has not answered by its deadline (stopped or deadlocked in its constructor) is killed and started again
+in a new slot, within the scheduler's restart budget; one Ray could not place keeps waiting in the background, and
+ends the wait for a worker when no worker is left, naming why. The first workers' deadline and a real Ray are in
+tests/integration/test_coordinator_start.py."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from fedray.engine import pool as pool_mod
+from fedray.engine.pool import RayPool
+
+
+class _Ref:
+    _ids = itertools.count()
+
+    def __init__(self):
+        self.id = next(self._ids)
+
+
+class _Actor:
+    def __init__(self, name):
+        self.name = name
+        self.node_id = type("M", (), {"remote": staticmethod(lambda: _Ref())})()
+
+
+class _FakeRay:
+    """Nothing is ever ready; ``kill`` records the actor."""
+
+    def __init__(self):
+        self.killed = []
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return [], list(refs)
+
+    def kill(self, actor, no_restart=True):
+        self.killed.append(actor.name)
+
+
+class _ActorCls:
+    @staticmethod
+    def remote(spec, name):
+        return _Actor(name)
+
+
+def _pool(monkeypatch, started: bool) -> RayPool:
+    """A pool whose only worker w0 was lost; its replacement w0.1 is starting, past its start deadline."""
+    p = RayPool.__new__(RayPool)
+    p.ray, p.spec, p.actor_cls = _FakeRay(), None, _ActorCls()
+    p.num_cpus, p.num_gpus, p.start_timeout_s = 1.0, 0.0, 30.0
+    p.workers, p.names, p.nodes, p.live = [_Actor("w0"), _Actor("w0.1")], ["w0", "w0.1"], ["n0", None], [False, False]
+    p.lost, p._respawn, p.unplaced, p.restarts = ["w0 (node n0)"], [], None, 1
+    p._pending, p._due = {_Ref(): 1}, {1: 0.0}  # due long ago
+    p._pings, p.hung = {}, {}
+    why = "did not answer within 30 s of its start (engine.start_timeout_s): " + (
+        "Ray started it (pid 7 on node n0) but it did not answer" if started else "Ray has not placed it")
+    monkeypatch.setattr(pool_mod, "start_silence", lambda ray, actor, timeout: (started, why))
+    monkeypatch.setattr(RayPool, "_capacity", lambda self: True)
+    return p
+
+
+def test_a_replacement_silent_past_its_start_deadline_is_killed_and_started_again(monkeypatch):
+    p = _pool(monkeypatch, started=True)
+    p.poll(respawn=True)
+    assert p.ray.killed == ["w0.1"] and p.names == ["w0", "w0.1", "w0.2"] and p.restarts == 2
+    assert list(p._pending.values()) == [2] and p._due[2] > 0.0  # the new one has a deadline of its own
+    assert "w0.1 (hung while starting: did not answer within 30 s of its start (engine.start_timeout_s): Ray " \
+           "started it (pid 7" in p.lost[-1]
+
+
+def test_past_the_restart_budget_a_silent_replacement_is_not_started_again(monkeypatch):
+    p = _pool(monkeypatch, started=True)
+    assert p.await_worker(respawn=False) is False  # nothing left starting: no worker can come
+    assert p.ray.killed == ["w0.1"] and p.names == ["w0", "w0.1"] and p._respawn == [1]
+    assert "hung while starting" in p.lost_summary()
+
+
+def test_a_replacement_ray_cannot_place_waits_then_ends_the_wait_naming_why(monkeypatch):
+    p = _pool(monkeypatch, started=False)
+    p.poll(respawn=True)  # in the background: it keeps waiting for a node with room
+    assert p.ray.killed == [] and list(p._pending.values()) == [1] and p._due[1] > 0.0
+    p._due[1] = 0.0
+    assert p.await_worker(respawn=True) is False  # no worker left: the wait ends at the deadline
+    assert p.lost_summary() == ("workers lost: w0 (node n0); the replacement w0.1 did not answer within 30 s of its "
+                                "start (engine.start_timeout_s): Ray has not placed it (num_cpus=1, num_gpus=0 per "
+                                "worker)")
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_a_replacement_within_its_deadline_is_left_alone(monkeypatch, started):
+    p = _pool(monkeypatch, started)
+    p._due[1] = float("inf")
+    p.poll(respawn=True)
+    assert p.ray.killed == [] and list(p._pending.values()) == [1] and p.unplaced is None
