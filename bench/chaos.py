@@ -86,8 +86,10 @@ def experiment(variant: str, root: Path, cache: Path, rounds: int = ROUNDS, chec
         "algorithm": {"name": "fedavg"},
         "train": {"rounds": rounds, "clients_per_round": 4, "batch_size": 10, "lr": 0.05},
         "eval": {"every": 1},
+        # a hung worker found in 5 s, one stopped while it starts in 60 s (within the harness's driver time limit);
+        # neither is hashed: the bits do not depend on them
         "engine": {"backend": "ray", "num_workers": 2, "max_worker_restarts": 8, "max_coordinator_restarts": 4,
-                   "heartbeat_s": 5.0},  # a hung worker found in 5 s (not hashed: the bits do not depend on it)
+                   "heartbeat_s": 5.0, "start_timeout_s": 60.0},
         "output": {"root": str(root), "name": "run", "checkpoint_every": checkpoint_every, "tensorboard": False,
                    "progress": False},
     }

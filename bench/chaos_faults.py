@@ -10,7 +10,8 @@ append, ...).
 
 Adding a kind is adding a row to :data:`KINDS`; ``default=False`` keeps a kind out of the draw unless ``--kinds``
 names it. ``worker_sigstop`` and ``coordinator_sigstop`` (a hung process: alive, silent) are found by the heartbeats
-of ``engine.heartbeat_s`` (the harness's runs set 5 s); a run that outlives the driver's time limit counts as hung.
+of ``engine.heartbeat_s`` (the harness's runs set 5 s), or while they start by ``engine.start_timeout_s`` (60 s); a run
+that outlives the driver's time limit counts as hung.
 """
 
 from __future__ import annotations
@@ -259,7 +260,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("disk_full", _moment("disk_full"), _fill_disk, disk=True, note="the run's own tmpfs filled up"),
     Kind("shard_corrupt", _moment("shard_corrupt"), _corrupt_shard, note="a partition file damaged in place"),
     Kind("worker_sigstop", _moment("worker_sigstop"), _stop(WORKER), ray=True,
-         note="a hung worker (alive, silent): found by engine.heartbeat_s, replaced, its clients re-run"),
+         note="a hung worker (alive, silent): found by engine.heartbeat_s (engine.start_timeout_s while it starts), "
+              "replaced, its clients re-run"),
     Kind("coordinator_sigstop", _moment("coordinator_sigstop"), _stop(COORDINATOR), ray=True,
          note="a hung coordinator: found by the driver's heartbeat (engine.heartbeat_s), restarted from the last "
               "checkpoint"),
