@@ -25,7 +25,7 @@ __all__ = ["CHUNK_ROWS", "PASS_ROWS", "ClientIndex", "class_count_chunks", "coun
            "row_dtype", "rows_by_class"]
 
 CHUNK_ROWS = 1 << 22  # rows per pass of the chunked helpers (sizes, counts, hashing): about 32 MB of int64
-PASS_ROWS = 1 << 19  # items per pass of the counting sort's placement (group_stable): its arrays, about 25 MB
+PASS_ROWS = 1 << 18  # items per pass of the counting sort's placement (group_stable): its arrays, about 12 MB
 
 
 def row_dtype(n: int) -> np.dtype:

@@ -31,15 +31,15 @@ FLOYD_MAX_POP = 10000  # numpy's choice takes Floyd's algorithm for any size at 
 _DRAWS_PER_PASS = 1 << 22  # bounded draws per integers() call (memory: 8 bytes each)
 
 
-def sorted_choices(rng: np.random.Generator, pop: int, k: int, n: int) -> np.ndarray | None:
-    """``(n, k)`` int64 whose row i is ``sorted(rng.choice(pop, size=k, replace=False))`` of the i-th of n
-    consecutive calls, with ``rng`` advanced as those calls advance it; ``None`` (nothing drawn) when
-    ``pop > FLOYD_MAX_POP``."""
+def sorted_choices(rng: np.random.Generator, pop: int, k: int, n: int, dtype=np.int64) -> np.ndarray | None:
+    """``(n, k)`` ``dtype`` (int64 unless given: it must hold ``pop - 1``) whose row i is ``sorted(rng.choice(pop,
+    size=k, replace=False))`` of the i-th of n consecutive calls, with ``rng`` advanced as those calls advance it;
+    ``None`` (nothing drawn) when ``pop > FLOYD_MAX_POP``."""
     if not 0 <= k <= pop:
         raise ValueError(f"sorted_choices: need 0 <= k <= pop, got k={k}, pop={pop}")
     if pop > FLOYD_MAX_POP:
         return None
-    out = np.empty((n, k), dtype=np.int64)
+    out = np.empty((n, k), dtype=dtype)
     if k == 0 or n == 0:
         return out
     highs = np.concatenate([np.arange(pop - k, pop) + 1, np.arange(k - 1, 0, -1) + 1]).astype(np.int64)
@@ -65,22 +65,25 @@ def class_sets(rng, n: int, c_count: int, classes: int, assignment: str) -> np.n
     The random draws are those of one ``rng.choice`` per client, client 0 first, made at once by
     :func:`sorted_choices` (the same draws, the generator left in the same state); numpy
     takes another algorithm above its population limit, and there the calls are made one by one."""
-    dtype = np.int16 if c_count < (1 << 15) else np.int64
+    dtype = np.int16 if c_count < (1 << 14) else np.int64  # holds i mod C + j < 2 C: every temporary in dtype
     if assignment == "deterministic":
-        return ((np.arange(n, dtype=np.int64)[:, None] + np.arange(classes)) % c_count).astype(dtype)
+        return (((np.arange(n, dtype=np.int64) % c_count).astype(dtype)[:, None] + np.arange(classes, dtype=dtype))
+                % c_count).astype(dtype, copy=False)
     if assignment == "first-deterministic":
-        first = np.arange(n, dtype=np.int64) % c_count
-        idx = sorted_choices(rng, c_count - 1, classes - 1, n)
+        first = (np.arange(n, dtype=np.int64) % c_count).astype(dtype)
+        idx = sorted_choices(rng, c_count - 1, classes - 1, n, dtype)
         if idx is None:
             every = np.arange(c_count)
-            others = np.array([rng.choice(every[every != f], size=classes - 1, replace=False) for f in first.tolist()])
+            others = np.array([rng.choice(every[every != f], size=classes - 1, replace=False) for f in first.tolist()],
+                              dtype=dtype)
         else:
-            others = idx + (idx >= first[:, None])  # the idx-th class other than the client's first
-        return np.concatenate([first[:, None], others.reshape(n, classes - 1)], axis=1).astype(dtype)
-    sets = sorted_choices(rng, c_count, classes, n)
+            idx += idx >= first[:, None]  # the idx-th class other than the client's first
+            others = idx
+        return np.concatenate([first[:, None], others.reshape(n, classes - 1)], axis=1)
+    sets = sorted_choices(rng, c_count, classes, n, dtype)
     if sets is None:
-        sets = np.array([rng.choice(c_count, size=classes, replace=False) for _ in range(n)], dtype=np.int64)
-    return sets.reshape(n, classes).astype(dtype)
+        sets = np.array([rng.choice(c_count, size=classes, replace=False) for _ in range(n)], dtype=dtype)
+    return sets.reshape(n, classes)
 
 
 def cuts_owner(n: int, proportions: np.ndarray) -> np.ndarray:

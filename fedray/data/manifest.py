@@ -92,6 +92,7 @@ def write_manifest(path: Path, labels: np.ndarray, index: ClientIndex, num_class
     majority = None if dom is None else np.full(n, -1, dtype=np.int32)
     group = max(1, min(CLIENTS_PER_GROUP, (1 << 30) // max(1, num_classes)))  # list offsets stay int32
     schema = MANIFEST_SCHEMA.with_metadata({PARTITION_KEY: partition_hash.encode()})
+    pool = pa.default_memory_pool()
     with pq.ParquetWriter(str(path), schema, compression="zstd") as writer:
         for lo, hi, counts in class_count_chunks(labels, index, num_classes, max_clients=group):
             if majority is not None and dom is not None:
@@ -99,6 +100,8 @@ def write_manifest(path: Path, labels: np.ndarray, index: ClientIndex, num_class
             domain = np.full(hi - lo, -1, dtype=np.int32) if majority is None else majority[lo:hi]
             batch = _manifest_group(lo, counts, domain, client_block[lo:hi], client_row[lo:hi])
             writer.write_batch(batch.replace_schema_metadata(schema.metadata), row_group_size=group)
+            del batch, counts
+            pool.release_unused()  # Arrow's allocator keeps freed pages a while: not ten million clients' worth
             if progress is not None:
                 progress(hi - lo)
         if n == 0:

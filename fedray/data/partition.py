@@ -167,7 +167,7 @@ def _dirichlet(labels, num_clients, seed, domains, natural, *, alpha, min_partit
             assign_cuts(owner, idx_c, p)
             if self_balancing:
                 sizes += np.bincount(owner[idx_c], minlength=num_clients)
-        del p, sizes
+        del p, sizes, idx_c
         if min_partition_size <= 0:
             del by_class, alpha_vec  # not held through the sort of the owners
         parts = _split_by_owner(owner, num_clients)
@@ -290,7 +290,7 @@ def _classes_per_client(labels, num_clients, seed, domains, natural, *, classes,
         sizes = np.full(holders.size, base, dtype=np.int64)
         sizes[:rest] += 1
         owner[rows] = np.repeat(holders, sizes)
-    del by_class, sets
+    del by_class, sets, holders, rows, sizes  # not held through the sort of the owners
     return _split_by_owner(owner, num_clients)
 
 
