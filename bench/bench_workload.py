@@ -351,7 +351,8 @@ def main(argv=None):
                         r = run_one(c, roots.get(name, ROOT), warm["temp_dir"] if name.endswith("-warm") else None,
                                     args.run_timeout)
                     except RuntimeError as exc:
-                        failed.append(f"{w} rep {rep} {name}: {str(exc).splitlines()[0]}")
+                        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+                        failed.append(f"{w} rep {rep} {name}: {lines[0]}" + (f" ... {lines[-1]}" if len(lines) > 1 else ""))
                         print(f"  {failed[-1]}", file=sys.stderr)
                         continue
                     finally:

@@ -64,7 +64,12 @@ class SampledOrderFedAvg(FedAvg):
 
     def configure_train(self, server_round, arrays, config, grid: Grid):
         if not self.node_of:
-            nodes = sorted(grid.get_node_ids())
+            # FedAvg's own sampling waits until min_available_nodes are registered; this override samples
+            # itself, so it waits the same way (the engine may still be registering SuperNodes: 1,000 of them
+            # under load were not there yet at round 1). Counted in start-up, before round 1's clock starts.
+            deadline = time.monotonic() + 600
+            while len(nodes := sorted(grid.get_node_ids())) < self.num_clients and time.monotonic() < deadline:
+                time.sleep(0.1)
             if len(nodes) < self.num_clients:
                 raise RuntimeError(f"{len(nodes)} SuperNodes for {self.num_clients} clients")
             self.node_of = {i: nodes[i] for i in range(self.num_clients)}
