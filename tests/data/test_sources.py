@@ -171,6 +171,33 @@ def test_synthetic_max_test_samples_keeps_the_first_test_rows_and_every_other_fi
     assert load_source("synthetic", max_test_samples=10**9, **kw).test.table.equals(whole.test.table)
 
 
+def test_synthetic_cache_keeps_the_normalisation_statistics_bit_for_bit(tmp_path, monkeypatch):
+    """The cache holds the train split's mean and std with the arrays, so a read skips the pass over them: the very
+    values the arrays give; a cache written before it held them is still read (not generated again), and gives
+    them too."""
+    import fedray.data.sources.common as common
+    import fedray.data.sources.embedded as embedded
+
+    monkeypatch.setenv("FEDRAY_CACHE_DIR", str(tmp_path))
+    kw = dict(num_clients=300, samples_per_client_mean=9, min_samples=2, dimension=5, seed=4)
+    fresh = load_source("synthetic", **kw)
+    assert (fresh.meta.mean, fresh.meta.std) == common._float_stats(fresh.train.images())
+    load_source("synthetic", cache=True, **kw)
+    (path,) = tmp_path.glob("synthetic-*.npz")
+    with np.load(path) as z:
+        assert z["stats"].tolist() == [list(fresh.meta.mean), list(fresh.meta.std)]
+        old = {k: z[k] for k in z.files if k != "stats"}
+    real_stats = common._float_stats
+    monkeypatch.setattr(embedded._SyntheticStreams, "chunk", lambda *a: pytest.fail("generated again"))
+    monkeypatch.setattr(common, "_float_stats", lambda x: pytest.fail("statistics computed again"))
+    got = load_source("synthetic", cache=True, **kw)
+    assert got.meta == fresh.meta and got.train.table.equals(fresh.train.table)
+    np.savez(path, **old)  # as the cache was written before it kept them
+    monkeypatch.setattr(common, "_float_stats", real_stats)
+    got = load_source("synthetic", cache=True, **kw)
+    assert got.meta == fresh.meta and got.train.table.equals(fresh.train.table)
+
+
 def test_synthetic_cache_reads_back_the_generated_arrays_and_rebuilds_a_damaged_file(tmp_path, monkeypatch):
     import fedray.data.sources.embedded as embedded
 

@@ -87,10 +87,15 @@ def _bundle(
     d_test: np.ndarray | None = None,
     extra: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
     info: dict | None = None,
+    stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None,
 ) -> DataBundle:
-    """Assemble a bundle: metadata (statistics over the train split), tables, extra columns."""
+    """Assemble a bundle: metadata (statistics over the train split), tables, extra columns. ``stats``: the train
+    split's ``(mean, std)`` when the source has them already (what :func:`_float_stats` gave for these very arrays,
+    kept with a cache), else computed here."""
     dtype = "uint8" if x_train.dtype == np.uint8 else "float32"
-    if dtype == "uint8":
+    if stats is not None:
+        mean, std = stats
+    elif dtype == "uint8":
         mean, std = channel_stats(x_train)
     else:
         mean, std = _float_stats(x_train)

@@ -16,6 +16,7 @@ from .common import (
     _bundle,
     _err,
     _fingerprint,
+    _float_stats,
     _package_file,
     _parse_int_csv,
     _single_thread_blas,
@@ -190,20 +191,27 @@ def _synthetic(root, *, num_clients, alpha, beta, iid, seed, dimension, num_clas
                 xs, ys = gens.chunk(chunk, sizes[c0:c1])
                 out.add(c0, xs, ys, sizes[c0:c1], n_train[chunk])
                 bar.update(c1 - c0)
+        # the normalisation statistics, kept with the arrays: a cached read need not pass over them again (4.8 s of
+        # a resume's 23.5 s at ten million clients on busy cores); the same function on the same array: same bits
+        stats = np.array(_float_stats(out.x_tr), dtype=np.float64)
         return {"x_tr": out.x_tr, "y_tr": out.y_tr, "c_tr": out.c_tr, "x_te": out.x_te, "y_te": out.y_te,
-                "c_te": out.c_te}
+                "c_te": out.c_te, "stats": stats}
 
     def check(a: dict[str, np.ndarray]) -> bool:
         want = {"x_tr": ((tr_rows, d), np.float32), "y_tr": ((tr_rows,), np.int64), "c_tr": ((tr_rows,), np.int32),
                 "x_te": ((te_keep, d), np.float32), "y_te": ((te_keep,), np.int64), "c_te": ((te_keep,), np.int32)}
+        if "stats" in a:  # absent from caches written before it was kept: computed from the arrays then
+            want["stats"] = ((2, d), np.float64)
         return set(a) == set(want) and all(a[n].shape == s and a[n].dtype == t for n, (s, t) in want.items())
 
     a = cached_arrays(f"synthetic-{fingerprint.rsplit(':', 1)[1]}", build, bool(cache), check)
+    st = a.get("stats")
     return _bundle(
         src, a["x_tr"], a["y_tr"], a["x_te"], a["y_te"], [str(i) for i in range(c)], fingerprint,
         extra={"client": (a["c_tr"], a["c_te"])},
         info={"source": src, "params": resolved, "client_sizes_min": int(sizes.min()),
               "client_sizes_max": int(sizes.max()), "samples": tr_rows + te_rows},
+        stats=None if st is None else (tuple(float(v) for v in st[0]), tuple(float(v) for v in st[1])),
     )
 
 
