@@ -37,11 +37,59 @@ class Workload:
     data: str  # "mnist5k" (WORKLOAD.md §1-2) or "synthetic" (pfl-shape, see the module docstring)
 
 
-WORKLOADS = {
+class _Workloads(dict):
+    """The named workloads, and the scale points by name: ``scale-P-K-R`` is P clients of the scale curves'
+    synthetic data (:data:`SCALE_SOURCE`), K a round, R rounds (bench/bench_scale_peers.py). A name is resolved on
+    first use, so a peer's worker process (a Flower actor) reads the same geometry from the name alone."""
+
+    def __missing__(self, name):
+        w = scale_workload(name)
+        if w is None:
+            raise KeyError(name)
+        self[name] = w
+        return w
+
+
+WORKLOADS = _Workloads({
     "W1": Workload(100, 10, 30, "mnist5k"),
     "W2": Workload(500, 50, 10, "mnist5k"),
     "pfl-shape": Workload(1000, 50, 30, "synthetic"),
-}
+})
+
+#: The scale curves' synthetic clients (jobs/configs/scale_curves.yaml): 8-d features, 10 classes, every client
+#: 4 rows of which 3 train; model ``mlp`` with ``hidden: [64]``. bench/bench_scale_peers.py checks the scale file
+#: against these before it runs anything.
+SCALE_DIMENSION = 8
+SCALE_CLASSES = 10
+SCALE_HIDDEN = 64
+
+
+def scale_name(population: int, per_round: int, rounds: int) -> str:
+    return f"scale-{int(population)}-{int(per_round)}-{int(rounds)}"
+
+
+def scale_workload(name: str):
+    """The :class:`Workload` of a ``scale-P-K-R`` name, None for any other name; ValueError for a malformed one."""
+    if not isinstance(name, str) or not name.startswith("scale-"):
+        return None
+    parts = name.split("-")[1:]
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{name!r}: a scale workload is scale-P-K-R (integers)")
+    p, k, r = (int(x) for x in parts)
+    if not (1 <= k <= p) or r < 1:
+        raise ValueError(f"{name!r}: needs 1 <= K <= P and R >= 1")
+    return Workload(p, k, r, "scale")
+
+
+def workload_name(name: str) -> str:
+    """argparse ``type`` of the peers' ``--workload``: a named workload or a scale point."""
+    import argparse
+
+    try:
+        WORKLOADS[name]
+    except (KeyError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"unknown workload {name!r} ({exc})") from None
+    return name
 
 #: fedray's ``synthetic`` source parameters of the pfl-shape data (``data.params`` of its fedray config):
 #: every generating client holds min_samples = max_samples_per_client = 100 rows, train_fraction 0.5 makes the
@@ -58,6 +106,8 @@ def model_spec(workload: str):
     needs extra methods on the module (pfl-research: ``loss``, ``metrics``) subclasses ``class``; the
     parameters, their names and their initialisation stay the same."""
     net, mlp = _torch_modules()
+    if WORKLOADS[workload].data == "scale":
+        return mlp, (SCALE_DIMENSION, SCALE_HIDDEN, SCALE_CLASSES)
     if WORKLOADS[workload].data == "synthetic":
         return mlp, (PFL_SHAPE_SOURCE["dimension"], PFL_SHAPE_HIDDEN, PFL_SHAPE_SOURCE["num_classes"])
     return net, ()
@@ -121,6 +171,8 @@ def load(workload: str, data_path: str | None = None):
     """``(X_train, X_test, y_train, y_test, client_indices)`` of ``workload``: client k's data are
     ``X_train[client_indices[k]]`` in that (ascending) order."""
     w = WORKLOADS[workload]
+    if w.data == "scale":
+        return load_scale(workload, data_path)
     if w.data == "synthetic":
         if not data_path:
             raise ValueError(f"{workload}: the data file written by bench/bench_workload.py is needed (--data)")
@@ -139,6 +191,45 @@ def load(workload: str, data_path: str | None = None):
     y = y.astype(np.int64)
     X_train, X_test, y_train, y_test = train_test_split(X, y, stratify=y, random_state=0, test_size=1000)
     return X_train, X_test, y_train, y_test, dirichlet_partition(y_train, w.num_clients)
+
+
+class ClientRows:
+    """Client k's train positions, ``rows[k]``, built when asked for: at ten million clients a list of arrays
+    would cost the peer seconds and GiB before round 1 (pfl-research builds a user's data only when sampled)."""
+
+    def __init__(self, clients: np.ndarray, num_clients: int):
+        clients = np.asarray(clients)
+        if len(clients) > 1 and not bool(np.all(clients[1:] >= clients[:-1])):
+            self.order = np.argsort(clients, kind="stable")
+            clients = clients[self.order]
+        else:
+            self.order = None  # the source writes its rows in client order
+        self.bounds = np.searchsorted(clients, np.arange(num_clients + 1))
+
+    def __len__(self):
+        return len(self.bounds) - 1
+
+    def __getitem__(self, k):
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        a, b = int(self.bounds[k]), int(self.bounds[k + 1])
+        if self.order is None:
+            return np.arange(a, b, dtype=np.int64)
+        return np.sort(self.order[a:b]).astype(np.int64)
+
+
+def load_scale(workload: str, data_path: str | None):
+    """A ``scale-P-K-R`` point's arrays, written by bench/bench_scale_peers.py with fedray's ``synthetic`` source
+    at P clients (``x_tr, y_tr, c_tr, x_te, y_te``); client k's rows are those whose ``c_tr`` is k."""
+    w = WORKLOADS[workload]
+    if not data_path:
+        raise ValueError(f"{workload}: the data file written by bench/bench_scale_peers.py is needed (--data)")
+    with np.load(data_path) as z:
+        X_train, y_train, c_train = z["x_tr"], z["y_tr"], z["c_tr"]
+        X_test, y_test = z["x_te"], z["y_te"]
+    if X_train.shape[1:] != (SCALE_DIMENSION,):
+        raise ValueError(f"{data_path}: features {X_train.shape[1:]}, the scale workload needs ({SCALE_DIMENSION},)")
+    return X_train, X_test, y_train, y_test, ClientRows(c_train, w.num_clients)
 
 
 def dirichlet_partition(y_train, n):

@@ -24,9 +24,13 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 
 def main(argv=None):
+    from bench import workload_def as wd
+
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=["W1", "W2", "pfl-shape"], default="W1")
-    ap.add_argument("--data", default="", help="the pfl-shape arrays (.npz) written by bench/bench_workload.py")
+    ap.add_argument("--workload", type=wd.workload_name, default="W1",
+                    help="W1, W2, pfl-shape or a scale point scale-P-K-R (bench/bench_scale_peers.py)")
+    ap.add_argument("--data", default="", help="the pfl-shape arrays (.npz) written by bench/bench_workload.py, or a "
+                                             "scale point's, written by bench/bench_scale_peers.py")
     ap.add_argument("--actors", type=int, default=2, help="Ray actors running ClientApps (1 CPU each)")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")

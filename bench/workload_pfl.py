@@ -41,9 +41,11 @@ def main(argv=None):
     import workload_def as wd
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", choices=sorted(wd.WORKLOADS), default="W1")
+    ap.add_argument("--workload", type=wd.workload_name, default="W1",
+                    help=f"{', '.join(sorted(wd.WORKLOADS))} or a scale point scale-P-K-R (bench/bench_scale_peers.py)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the one process")
-    ap.add_argument("--data", help="the pfl-shape arrays (.npz) written by bench/bench_workload.py")
+    ap.add_argument("--data", help="the pfl-shape arrays (.npz) written by bench/bench_workload.py, or a scale "
+                                     "point's, written by bench/bench_scale_peers.py")
     ap.add_argument("--rounds", type=int, help="stop after this many rounds (a short prefix, for checks)")
     args = ap.parse_args(argv)
 
