@@ -1,9 +1,9 @@
 """Federated logit-adjustment baselines of the SCALA paper (METHODS.md §3): FedLogit and FedLA.
 
-Both are FedAvg with a different local loss; both seed the torch RNG of their local training per
-(seed, round, client) (purpose ``dropout``), so models with dropout (``alexnet_split``) train the same
-way whatever worker runs the client and whatever it ran before: the result is reproducible bit for bit
-for any number of workers.
+Both are FedAvg with a different local loss. Models with dropout (``alexnet_split``) train with the torch RNG
+seeded per (seed, round, client) (purpose ``dropout``), as every algorithm's local training does
+(:class:`fedray.engine.client.sequential.SequentialRuntime`), so the result is reproducible bit for bit for any
+number of workers.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedray.algorithms.base import ClientContext, ClientUpdate
+from fedray.algorithms.base import ClientContext
 from fedray.algorithms.registry import register
 from fedray.algorithms.baselines import FedLC
 from fedray.algorithms.fedavg import WEIGHTING, FedAvg
@@ -22,20 +22,8 @@ from fedray.losses import label_prior, logit_adjusted_ce
 __all__ = ["FedLogit", "FedLA"]
 
 
-class _SeededLocalTraining:
-    """Mixin: run ``local_update`` with the torch RNG (dropout masks) seeded from
-    ``ctx.rng("dropout")``, restoring the worker's RNG state afterwards."""
-
-    def local_update(self, ctx: ClientContext, payload: dict) -> ClientUpdate:
-        seed = int(ctx.rng("dropout").integers(0, 2**63 - 1))
-        devices = [ctx.device] if ctx.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            return super().local_update(ctx, payload)
-
-
 @register
-class FedLogit(_SeededLocalTraining, FedAvg):
+class FedLogit(FedAvg):
     """FedLogit: FedAvg whose local loss is SCALA's client loss (Eq. 15),
     ``mean_i CE(z_i + log P_k, y_i)``, P_k the client's label distribution.
 
@@ -69,10 +57,9 @@ class FedLogit(_SeededLocalTraining, FedAvg):
 
 
 @register
-class FedLA(_SeededLocalTraining, FedLC):
+class FedLA(FedLC):
     """FedLA, the SCALA paper's name for FedLC's logit calibration: an alias of ``fedlc``
-    (:class:`fedray.algorithms.baselines.FedLC`, same parameters and loss ``CE(z - tau * n_c^{-1/4})``),
-    with dropout seeded per (seed, round, client)."""
+    (:class:`fedray.algorithms.baselines.FedLC`, same parameters and loss ``CE(z - tau * n_c^{-1/4})``)."""
 
     name = "fedla"
     description = "FedLA (= FedLC logit calibration by local class counts), the SCALA paper's baseline"

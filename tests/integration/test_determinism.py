@@ -84,3 +84,20 @@ def test_fold_group_identical_across_worker_counts_backends_and_resume(tmp_path,
             for k, r in runs.items()}
     assert len({tuple(v) for v in rows.values()}) == 1, rows
     assert rows["local-1w"][0][2] == 3 * 4 * 1_663_370  # one partial sum per group crosses the object store
+
+
+@pytest.mark.ray
+def test_a_model_with_dropout_is_bit_identical_across_workers_and_backends(tmp_path, partition_cache, ray_session):
+    """Dropout draws its masks from the global torch RNG. In a Ray worker that RNG starts wherever the process
+    left it, so FedAvg or FedProx on ``alexnet_split`` ended with other weights run after run (only FedLogit and
+    FedLA seeded it, each in its own way); the client runtime now seeds it per (seed, round, client) for every
+    algorithm whose model has dropout."""
+    from tests.helpers import split_config
+
+    for name in ("fedavg", "fedprox"):
+        hashes = {"local": _run(split_config(tmp_path / f"{name}-l", partition_cache, name)).weights_hash}
+        for n in (1, 2):
+            cfg = split_config(tmp_path / f"{name}-r{n}", partition_cache, name, engine__backend="ray",
+                               engine__num_workers=n)
+            hashes[f"ray{n}"] = _run(cfg).weights_hash
+        assert len(set(hashes.values())) == 1, (name, hashes)

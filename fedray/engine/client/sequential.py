@@ -7,7 +7,9 @@ import time
 import numpy as np
 
 from fedray.algorithms.base import ClientContext, ClientHints
+from fedray.core.seeds import seed_of, seeded
 from fedray.engine.outcomes import ClientOutcome, error_text, is_fatal
+from fedray.engine.split_layout import has_dropout
 
 __all__ = ["SequentialRuntime"]
 
@@ -18,6 +20,9 @@ class SequentialRuntime:
 
     def __init__(self, replica, states, faults, name: str):
         self.replica, self.states, self.faults, self.name = replica, states, faults, name
+        # dropout draws its masks from the global torch RNG, whose state in a worker depends on what the worker
+        # ran before: a model with dropout trains each client with it seeded per (seed, round, client)
+        self.has_dropout = has_dropout(replica.model)
 
     def run(self, rnd: int, weights, payload: dict, chunk: list[tuple[int, int]],
             hints: ClientHints) -> list[ClientOutcome]:
@@ -45,7 +50,8 @@ class SequentialRuntime:
                             device=rp.device, normalize=bool(rp.cfg.data.normalize), augment=rp.augment,
                             state=state, num_classes=rp.meta.num_classes, model_factory=rp.model_factory,
                             prox_mu=float(hints.prox_mu))
-        upd = algo.local_update(ctx, payload)
+        with seeded(self.has_dropout, seed_of(ctx.rng("dropout")), rp.device):
+            upd = algo.local_update(ctx, payload)
         rp.store.recheck_client(cid)  # its rows were views of the mapped partition: unchanged while in use
         if upd.state is not None and self.states is not None:
             self.states.save(cid, rnd, upd.state)
