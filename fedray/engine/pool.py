@@ -38,7 +38,29 @@ from fedray.engine.outcomes import WorkerLost
 from fedray.engine.spec import WorkerSpec
 from fedray.engine.worker import ClientWorker
 
-__all__ = ["LocalPool", "PoolBase", "RayPool", "WorkerLost", "default_num_workers", "start_silence"]
+__all__ = ["LocalPool", "PoolBase", "RayPool", "WorkerLost", "WorkerSetupFailed", "default_num_workers",
+           "start_silence"]
+
+
+class WorkerSetupFailed(RuntimeError):
+    """A replacement worker's constructor raised an error of the run's data or configuration (its last line names
+    it): every replacement would raise it again, so the run stops with it instead of restarting workers."""
+
+
+#: errors a worker's set-up (``ClientWorker.__init__`` / ``setup``) raises the same way in every process: the
+#: partition on disk damaged or changed (``DataError``) or the run's configuration (``ConfigError``)
+_SETUP_ERRORS = ("DataError", "ConfigError")
+
+
+def _setup_error(err: BaseException) -> str | None:
+    """The ``Name: message`` line of the exception a worker's constructor raised, when Ray reports that the actor
+    died in its creation task with one of :data:`_SETUP_ERRORS`; None for any other death (a crash, a kill)."""
+    if not getattr(err, "actor_init_failed", False):
+        return None
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    name = last.split(":", 1)[0].rsplit(".", 1)[-1]
+    return last if name in _SETUP_ERRORS else None
 
 
 def start_silence(ray, actor, timeout: float) -> tuple[bool, str]:
@@ -354,6 +376,10 @@ class RayPool:
                     self.nodes[slot] = self.ray.get(ref)
                     self.live[slot] = True
                 except (rex.RayActorError, rex.RayTaskError, rex.WorkerCrashedError) as e:
+                    raised = _setup_error(e)
+                    if raised is not None:  # the same spec raises the same in every replacement: stop here
+                        raise WorkerSetupFailed(f"a replacement client worker ({self.names[slot]}) could not set up the "
+                                                f"run, and none could: {raised}")
                     self.lost.append(f"{self.names[slot]} (died starting: {str(e).splitlines()[0][:120]})")
                     self._respawn.append(slot)
         self._check_starts()

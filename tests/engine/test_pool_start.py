@@ -95,3 +95,47 @@ def test_a_replacement_within_its_deadline_is_left_alone(monkeypatch, started):
     p._due[1] = float("inf")
     p.poll(respawn=True)
     assert p.ray.killed == [] and list(p._pending.values()) == [1] and p.unplaced is None
+
+
+class _DiedStarting(Exception):
+    """Ray's ActorDiedError as the pool sees it: ``actor_init_failed`` and the constructor's exception last."""
+
+    def __init__(self, last: str, init_failed: bool = True):
+        super().__init__(f"The actor died because of an error raised in its creation task, ray::RayClientWorker"
+                         f".__init__() (pid=9)\n  File \"x.py\", line 1, in __init__\n{last}")
+        self.actor_init_failed = init_failed
+
+
+def _pool_whose_replacement_died(monkeypatch, err: Exception) -> RayPool:
+    from ray import exceptions as rex
+
+    p = _pool(monkeypatch, started=True)
+    (ref,) = p._pending
+    monkeypatch.setattr(p.ray, "wait", lambda refs, num_returns=1, timeout=None: ([ref], []), raising=False)
+
+    def get(r):
+        raise err
+
+    p.ray.get = get
+    monkeypatch.setattr(rex, "RayActorError", _DiedStarting)  # the pool catches Ray's class: ours stands in
+    return p
+
+
+def test_a_replacement_whose_setup_raises_a_data_error_stops_the_run_naming_it(monkeypatch):
+    """Chaos cluster seed 31 schedule 37: the partition's client index damaged on disk, then both workers lost;
+    each replacement's constructor raised DataError and was started again, up to the restart budget (the
+    driver killed at 240 s). Every replacement raises the same: the run stops at the first, with its error."""
+    p = _pool_whose_replacement_died(monkeypatch, _DiedStarting(
+        "fedray.data.table.DataError: corrupt partition client index /p/clients.arrow: 1114 bytes, CRC-32 0"))
+    with pytest.raises(pool_mod.WorkerSetupFailed, match=r"w0\.1\) could not set up the run, and none could: "
+                                                         r"fedray\.data\.table\.DataError: corrupt partition client"):
+        p.poll(respawn=True)
+    assert p.restarts == 1  # nothing started again
+
+
+@pytest.mark.parametrize("last, init_failed", [("MemoryError: out of memory", True),
+                                               ("DataError: corrupt partition client index", False)])
+def test_a_replacement_that_died_otherwise_is_started_again(monkeypatch, last, init_failed):
+    p = _pool_whose_replacement_died(monkeypatch, _DiedStarting(last, init_failed))
+    p.poll(respawn=True)
+    assert p.restarts == 2 and p.names[-1] == "w0.2" and "died starting" in p.lost[-1]
