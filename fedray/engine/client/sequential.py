@@ -50,7 +50,7 @@ class SequentialRuntime:
                             device=rp.device, normalize=bool(rp.cfg.data.normalize), augment=rp.augment,
                             state=state, num_classes=rp.meta.num_classes, model_factory=rp.model_factory,
                             prox_mu=float(hints.prox_mu))
-        with seeded(self.has_dropout, seed_of(ctx.rng("dropout")), rp.device):
+        with seeded(self.has_dropout, seed_of(ctx.rng("dropout")) if self.has_dropout else 0, rp.device):
             upd = algo.local_update(ctx, payload)
         rp.store.recheck_client(cid)  # its rows were views of the mapped partition: unchanged while in use
         if upd.state is not None and self.states is not None:

@@ -97,7 +97,8 @@ class SplitRuntime:
                 if replay is not None or it == 0:
                     self.clients[cid] = self._rebuild(rnd, cid, pos, bk, init, it, replay)
                 done = self._advance(rnd, it, pos, cid, grads, t0)
-                self.replica.store.recheck_client(cid)  # its rows are views of the mapped partition
+                if done.weights is not None:  # its last iteration: its rows (views of the mapped partition) unchanged
+                    self.replica.store.recheck_client(cid)
                 out.append(done)
             except Exception as e:  # noqa: BLE001 - reported per client, the coordinator replays or fails
                 self.clients.pop(cid, None)
