@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 
 from fedray.config import ConfigError, ExperimentConfig
 from fedray.core.io import LockHeld, exclusive_lock
+from fedray.core.signals import outside_imports
 from fedray.reporting.claim import run_dir_of
 from fedray.driver.runner import run_experiment
 from fedray.driver.setup import RunResult
@@ -129,7 +130,7 @@ def _sigterm_interrupts() -> Iterator[None]:
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt()
 
-    prev = signal.signal(signal.SIGTERM, on_sigterm)
+    prev = signal.signal(signal.SIGTERM, outside_imports(on_sigterm))
     try:
         yield
     finally:

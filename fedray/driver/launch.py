@@ -23,6 +23,7 @@ from typing import Any
 
 from fedray.core.errors import ConfigError
 from fedray.core.ray_env import current_node_id, ensure_ray
+from fedray.core.signals import install_driver_handlers
 from fedray.engine.host import ray_coordinator_class
 
 __all__ = ["ActorSilent", "Actors", "EarlyStart", "await_call", "coordinator_options", "early_start", "kill_actors",
@@ -141,19 +142,9 @@ class EarlyStart:
         self.ray_seconds: float | None = None  # when Ray was up (joined or started), from t0
         self._exit = threading.Event()  # the process exits: shut down the Ray this thread started
         self._ray_down = threading.Event()
-        self._set_sigterm_handler()
+        install_driver_handlers()  # what ray.init does from the main thread only, and never mid-import
         self.thread = threading.Thread(target=self._run, name="fedray-early-start", daemon=True)
         self.thread.start()
-
-    @staticmethod
-    def _set_sigterm_handler() -> None:
-        """What ``ray.init`` does from the main thread only: SIGTERM exits the driver (Ray's shutdown runs)."""
-        import signal
-        import sys
-
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
 
     def _run(self) -> None:
         import logging
@@ -251,8 +242,12 @@ class EarlyStart:
             self.actors = actors = start_actors(self.cfg)
 
     def abort(self) -> None:
-        """The run stopped before it used the actors: kill them (they hold CPUs on a shared cluster)."""
-        self.done.wait()
+        """The run stopped before it used the actors: kill them (they hold CPUs on a shared cluster). A start still
+        under way after ``engine.start_timeout_s`` is left to end with the process (its thread is a daemon)."""
+        if not self.done.wait(timeout=float(self.cfg.engine.start_timeout_s)):
+            self.log(f"[fedray] Ray's start did not end within engine.start_timeout_s="
+                     f"{self.cfg.engine.start_timeout_s:g} s; leaving it")
+            return
         if self.actors is not None:
             import ray
 

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from fedray.config import ConfigError
+from fedray.core.signals import outside_imports
 from fedray.engine.dispatch import RunAborted
 from fedray.driver.handle import CoordinatorLost, _reason
 from fedray.driver.setup import Run, RunResult
@@ -108,7 +109,7 @@ class RoundLoop:
             raise _Interrupted()
 
         try:
-            previous = signal.signal(signal.SIGTERM, on_sigterm)
+            previous = signal.signal(signal.SIGTERM, outside_imports(on_sigterm))
         except ValueError:  # not the main thread
             previous = None
         for cb in self.callbacks:
