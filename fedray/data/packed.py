@@ -27,6 +27,12 @@ Reading (:class:`PackedFiles`) memory-maps each file once per process and decode
 straight from the mapping (``pyarrow.ipc.read_message`` / ``read_record_batch`` on a slice of it: no copy);
 a client's rows are a zero-copy slice of that batch. Every read checks the file's size and, unless turned
 off, the CRC-32 of the block it decodes; the schema block is checked when a file is first mapped.
+
+Page cache: a round reads the blocks of the clients it sampled, scattered over the files, so each mapping is
+marked ``MADV_RANDOM`` (no read-around on a fault) and a block's pages are asked for at once
+(``MADV_WILLNEED`` on its range) before it is read. Without them a block evicted from the page cache cost a
+fault that read the device's whole read-ahead window: 7.5 MiB per client at ten million clients on this
+project's machines (``read_ahead_kb`` 8192, docs/scaling.md), for a block of at most 128 KiB.
 """
 
 from __future__ import annotations
@@ -308,6 +314,19 @@ class BlockRef:
     crc32: int
 
 
+_RANDOM = getattr(mmap, "MADV_RANDOM", None)
+_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
+
+
+def _advise(mm: mmap.mmap, advice: int | None, *where: int) -> None:
+    """``mm.madvise(advice, *where)`` where the platform has it: a hint, so a refusal changes nothing."""
+    if advice is not None:
+        try:
+            mm.madvise(advice, *where)
+        except (OSError, ValueError):
+            pass
+
+
 class _Mapped:
     """One packed file, memory-mapped read-only, with its (checked) schema."""
 
@@ -380,6 +399,7 @@ class PackedFiles:
                 mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # keeps its own descriptor for size()
             finally:
                 os.close(fd)
+            _advise(mm, _RANDOM)  # a round's clients are scattered: no read-around (module docstring)
             buf = pa.py_buffer(mm)
             b = int(self._first[f])
             header = buf.slice(0, int(self.nbytes[b]))
@@ -406,7 +426,10 @@ class PackedFiles:
         if size != self.sizes[f]:
             raise DataError(f"corrupt or truncated packed file {self.path(f)} ({who}): {size} bytes, the index "
                             f"records {int(self.sizes[f])}")
-        body = m.buf.slice(int(self.offset[b]), int(self.nbytes[b]))
+        offset, nbytes = int(self.offset[b]), int(self.nbytes[b])
+        start = offset - offset % mmap.PAGESIZE
+        _advise(m.mm, _WILLNEED, start, min(offset + nbytes, size) - start)  # the block's pages in one request
+        body = m.buf.slice(offset, nbytes)
         if self.check_reads and (crc := buffer_crc32(body)) != self.crc32[b]:
             raise DataError(f"corrupt block {b} of {self.path(f)} ({who}): CRC-32 {crc:08x}, the index records "
                             f"{int(self.crc32[b]):08x} (content changed since it was written)")

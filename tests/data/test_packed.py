@@ -330,3 +330,27 @@ def test_partition_larger_than_memory_is_written_and_read_by_slices(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     ok, seen, on_disk = out.stdout.split()
     assert ok == "ok" and int(seen) == 65_536 and int(on_disk) > 64 << 20
+
+
+def _vm_flags(path: Path) -> list[set[str]]:
+    """The ``VmFlags`` of this process's mappings of ``path`` (``/proc/self/smaps``)."""
+    flags, current = [], False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef" and "-" in line.split(" ", 1)[0]:
+            current = line.rstrip().endswith(str(path))
+        elif current and line.startswith("VmFlags:"):
+            flags.append(set(line.split()[1:]))
+    return flags
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc/self/smaps shows the advice")
+def test_packed_files_are_mapped_for_random_reads(tmp_path, bundle):
+    """A round reads scattered clients: the mappings carry MADV_RANDOM ("rr"), so an evicted block costs its own
+    pages, not the device's read-ahead window (docs/scaling.md, the page cache at ten million clients)."""
+    st = build_partition(bundle, {"name": "dirichlet", "num_clients": 20, "seed": 0}, tmp_path, **SMALL)
+    images, labels = st.client_arrays(3)
+    assert len(labels) > 0
+    mapped = [p for p in st.files if _vm_flags(p.resolve())]
+    assert mapped, "no packed file is mapped after a client's read"
+    for p in mapped:
+        assert all("rr" in f for f in _vm_flags(p.resolve())), (p, _vm_flags(p.resolve()))
