@@ -73,3 +73,21 @@ def test_ctrl_c_right_after_a_metrics_row_still_counts_that_round(tmp_path, monk
     result = RunResult(tmp_path)
     RoundLoop(run, _Engine(), [end], result, log=lambda *a: None).run_rounds(1)
     assert result.interrupted and rd.rows == [1] and end.seen == (True, [1])
+
+
+def test_abort_waits_for_a_stuck_start_no_longer_than_the_start_deadline():
+    """A run that stops while Ray's start never ends (an import deadlocked in the start thread: chaos seed 21 schedule
+    60) returns from EarlyStart.abort after engine.start_timeout_s, saying so, instead of waiting for ever."""
+    import threading
+    import time
+
+    from fedray.driver.launch import EarlyStart
+
+    early = EarlyStart.__new__(EarlyStart)  # no thread: its start is "under way" for ever
+    said: list[str] = []
+    early.cfg = SimpleNamespace(engine=SimpleNamespace(start_timeout_s=0.2))
+    early.done, early.actors, early.log = threading.Event(), None, said.append
+    t = time.monotonic()
+    early.abort()
+    assert 0.2 <= time.monotonic() - t < 5
+    assert said and "engine.start_timeout_s=0.2" in said[0]
