@@ -29,12 +29,14 @@ __all__ = ["in_import", "install_driver_handlers", "outside_imports"]
 Handler = Callable[[int, Any], Any]
 #: how long a signal that came during an import waits before it is sent again
 RETRY_S = 0.02
+_BOOTSTRAP = os.path.join("importlib", "_bootstrap")
 
 
 def in_import(frame: FrameType | None) -> bool:
     """Whether ``frame`` or a frame that called it runs the import system's own code."""
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        name = frame.f_code.co_filename  # "<frozen importlib._bootstrap>", or its file with -X frozen_modules=off
+        if name.startswith("<frozen importlib") or _BOOTSTRAP in name:
             return True
         frame = frame.f_back
     return False
