@@ -29,6 +29,9 @@ __all__ = ["in_import", "install_driver_handlers", "outside_imports"]
 Handler = Callable[[int, Any], Any]
 #: how long a signal that came during an import waits before it is sent again
 RETRY_S = 0.02
+#: an import still under way this long after the signal came runs the handler anyway: an import that never ends
+#: (it waits for a lock another thread holds) must not make the process impossible to stop
+PATIENCE_S = 5.0
 _BOOTSTRAP = os.path.join("importlib", "_bootstrap")
 
 
@@ -50,12 +53,15 @@ def _send_again(signum: int) -> None:
 def outside_imports(handler: Handler) -> Handler:
     """``handler``, run when the main thread is outside the import system: a signal that comes during an import
     is sent again (to this process, whatever handler it has by then) every :data:`RETRY_S` until the import
-    is over. The new sender is a bare ``_thread`` thread: starting a ``threading.Thread`` takes the threading
+    is over, or for at most :data:`PATIENCE_S`, after which the handler runs where the thread is. The new sender is a bare ``_thread`` thread: starting a ``threading.Thread`` takes the threading
     module's locks, which the interrupted code may hold."""
+    since: dict[int, float] = {}  # signal -> when it first came during an import
+
     def deferred(signum: int, frame: FrameType | None) -> Any:
-        if in_import(frame):
+        if in_import(frame) and time.monotonic() - since.setdefault(signum, time.monotonic()) < PATIENCE_S:
             _thread.start_new_thread(_send_again, (signum,))
             return None
+        since.pop(signum, None)
         return handler(signum, frame)
 
     deferred.__wrapped__ = handler  # type: ignore[attr-defined]

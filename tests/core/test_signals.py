@@ -96,3 +96,16 @@ def test_the_driver_handlers_wrap_only_pythons_defaults():
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def test_an_import_that_does_not_end_gets_the_signal_after_the_patience(module_that_signals_itself, monkeypatch):
+    """The deferral is bounded: an import still running after PATIENCE_S (here 0.05 s of its 0.2 s) is interrupted,
+    so a process whose main thread waits in an import for ever can still be stopped."""
+    monkeypatch.setattr(signals, "PATIENCE_S", 0.05)
+    previous = signal.signal(signal.SIGTERM, signals.outside_imports(_stop))
+    try:
+        with pytest.raises(Stop):
+            _import_then_wait(module_that_signals_itself)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert module_that_signals_itself not in sys.modules  # interrupted inside the import, as a plain handler would
