@@ -137,9 +137,10 @@ def peer_commands(point: tuple[int, int], rounds: int, data: str, pfl_py: str | 
     return cmds
 
 
-def peer_updates_per_s(res: dict, per_round: int) -> float:
-    """Updates/s of a peer's JSON line over rounds 2..R (every sampled client of this data is non-empty)."""
-    measured = res["round_s"][1:]
+def peer_updates_per_s(res: dict, per_round: int, key: str = "round_s") -> float:
+    """Updates/s of a peer's JSON line over rounds 2..R (every sampled client of this data is non-empty); with
+    ``key="round_cpu_s"``, updates per CPU-second of its process (pfl-research reports them; NaN without)."""
+    measured = res.get(key, [])[1:]
     secs = float(sum(measured))
     return per_round * len(measured) / secs if secs > 0 else math.nan
 
@@ -153,13 +154,19 @@ def run_fedray(point: tuple[int, int], out: Path) -> dict:
     p, k = point
     config = bsr.restrict(CONFIG, f"{p}:{k}", out, None)
     t = time.perf_counter()
-    bsr.run_sweep(config, out, [])
+    _, _, cpu = bsr.run_sweep(config, out, [])
     wall = time.perf_counter() - t
     d = pd.read_parquet(out / "scaling.parquet")
     row = d.iloc[-1]
     if row.status != "ok":
         raise RuntimeError(f"fedray P={p} K={k}: {row.status}")
-    return {"updates_per_s": float(row.client_updates_per_s), "round_s": float(row.round_s), "wall_s": wall}
+    workers, n, tree = cpu.get(0, (math.nan, 0, math.nan))  # rounds 2 .. R-1: the workers, every process of the run
+
+    def per(cpu_s: float) -> float:
+        return k * n / cpu_s if n > 0 and cpu_s > 0 else math.nan
+
+    return {"updates_per_s": float(row.client_updates_per_s), "round_s": float(row.round_s), "wall_s": wall,
+            "updates_per_cpu_s": per(tree), "updates_per_worker_cpu_s": per(workers)}
 
 
 def main(argv=None) -> int:
@@ -223,6 +230,7 @@ def main(argv=None) -> int:
                 print(f"  {failed[-1]}", flush=True)
                 continue
             r["updates_per_s"] = peer_updates_per_s(r, k)
+            r["updates_per_cpu_s"] = peer_updates_per_s(r, k, "round_cpu_s")
             res[name] = r
             print(f"  P={p:,} K={k:,} {name}: {r['updates_per_s']:.1f} upd/s (start {r['startup_s']:.1f} s, "
                   f"wall {r.get('wall_s', math.nan):.1f} s, peak PSS {r['tree_peak_pss_gb']:.2f} GB)", flush=True)
@@ -240,15 +248,25 @@ def main(argv=None) -> int:
 
 
 def table(points: list[tuple[int, int]], results: dict) -> str:
-    """Markdown: updates/s of each platform per point and the peers' over fedray's (below 1: fedray faster)."""
+    """Markdown: updates/s of each platform per point and the peers' over fedray's (below 1: fedray faster); where
+    CPU was measured, also updates per CPU-second of all of a platform's processes in the measured rounds and that
+    ratio (below 1: fedray does more per CPU-second), which others' load on a shared machine does not skew."""
     names = sorted({n for r in results.values() for n in r if n != "fedray-2w"})
+    with_cpu = [n for n in names if any(math.isfinite(r.get(n, {}).get("updates_per_cpu_s", math.nan))
+                                        for r in results.values())]
     head = ["P", "K", "fedray upd/s", *[f"{n} upd/s" for n in names], *[f"{n} / fedray" for n in names]]
+    if with_cpu:
+        head += ["fedray upd/CPU-s", *[f"{n} upd/CPU-s" for n in with_cpu], *[f"{n} / fedray (CPU)" for n in with_cpu]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for p, k in points:
         r = results.get(f"{p}:{k}", {})
         f = r.get("fedray-2w", {}).get("updates_per_s", math.nan)
         ups = [r.get(n, {}).get("updates_per_s", math.nan) for n in names]
         cells = [f"{p:,}", f"{k:,}", _fmt(f, 1), *[_fmt(u, 1) for u in ups], *[_fmt(u / f, 2) for u in ups]]
+        if with_cpu:
+            fc = r.get("fedray-2w", {}).get("updates_per_cpu_s", math.nan)
+            cs = [r.get(n, {}).get("updates_per_cpu_s", math.nan) for n in with_cpu]
+            cells += [_fmt(fc, 1), *[_fmt(c, 1) for c in cs], *[_fmt(c / fc, 2) for c in cs]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -57,7 +57,9 @@ class WorkerSampler:
     (every 0.5 s), and the CPU seconds (user + system) the workers used in the measured rounds: their summed CPU
     times when the point's ``ledger/round-000001.parquet`` appears (the driver writes it after round 1, before it
     asks for round 2) and when ``round-<rounds - 1>.parquet`` does, polled every 20 ms: rounds 2 .. R-1, without the
-    evaluation every point runs in its last round."""
+    evaluation every point runs in its last round. The same two moments also give the CPU seconds of the whole
+    process tree of ``fedray scale`` (driver, Ray's own processes, coordinator, workers): what a point cost in all,
+    whatever share of the cores others' load left it (:meth:`cpu`)."""
 
     def __init__(self, pid: int, out: Path, rounds: int):
         import psutil
@@ -67,9 +69,10 @@ class WorkerSampler:
         self.point = -1
         self.anon: dict[int, float] = defaultdict(float)
         self.file: dict[int, float] = defaultdict(float)
-        self.cpu_first: dict[int, float] = {}
-        self.cpu_last: dict[int, float] = {}
+        self.cpu_first: dict[int, tuple[float, float]] = {}  # (workers, tree) when round 1's ledger appeared
+        self.cpu_last: dict[int, tuple[float, float]] = {}
         self._workers: list[int] = []
+        self._tree: list[int] = [pid]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -77,25 +80,31 @@ class WorkerSampler:
     def _find_workers(self) -> None:
         import psutil
 
-        found = []
+        found, tree = [], [self.root.pid]
         for p in self.root.children(recursive=True):
+            tree.append(p.pid)
             try:
                 if "RayClientWorker" in " ".join(p.cmdline()):
                     found.append(p.pid)
             except psutil.Error:
                 continue
-        self._workers = found
+        self._workers, self._tree = found, tree
 
-    def _cpu(self) -> float:
+    @staticmethod
+    def _cpu_of(pids: list[int]) -> float:
         ticks = os.sysconf("SC_CLK_TCK")
         total = 0.0
-        for pid in self._workers:
+        for pid in pids:
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
         return total
+
+    def _cpu(self) -> tuple[float, float]:
+        self._find_workers()  # the tree as it is now: a process started since the last scan counts from here
+        return self._cpu_of(self._workers), self._cpu_of(self._tree)
 
     def _ledger(self, pt: int, rnd: int) -> bool:
         return any(self.out.glob(f"runs/p{pt:03d}-*/ledger/round-{rnd:06d}.parquet"))
@@ -129,9 +138,11 @@ class WorkerSampler:
             self.anon[pt] = max(self.anon[pt], _kib(text, "RssAnon"))
             self.file[pt] = max(self.file[pt], _kib(text, "RssFile"))
 
-    def cpu(self) -> dict[int, tuple[float, int]]:
-        """Worker CPU seconds in rounds 2 .. R-1 and the number of those rounds, per point."""
-        return {pt: (self.cpu_last[pt] - self.cpu_first[pt], self.rounds - 2) for pt in self.cpu_last}
+    def cpu(self) -> dict[int, tuple[float, int, float]]:
+        """Per point: the workers' CPU seconds in rounds 2 .. R-1, the number of those rounds, and the CPU seconds
+        of the whole process tree in them."""
+        return {pt: (self.cpu_last[pt][0] - self.cpu_first[pt][0], self.rounds - 2,
+                     self.cpu_last[pt][1] - self.cpu_first[pt][1]) for pt in self.cpu_last}
 
     def stop(self) -> None:
         self._stop.set()

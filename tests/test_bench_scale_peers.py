@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,16 @@ def test_pfl_runs_a_scale_point(scale_data):
                          check=True, timeout=600)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(r["round_s"]) == 3 and r["workload"] == "scale-1000-100-3"
+    assert len(r["round_cpu_s"]) == 3 and all(c > 0 for c in r["round_cpu_s"])
+
+
+def test_table_adds_updates_per_cpu_second_where_measured():
+    res = {"1000:100": {"fedray-2w": {"updates_per_s": 800.0, "updates_per_cpu_s": 1000.0},
+                        "pfl-1t": {"updates_per_s": 400.0, "updates_per_cpu_s": 500.0},
+                        "flower-2a": {"updates_per_s": 40.0}}}
+    t = bsp.table([(1000, 100)], res).splitlines()
+    assert t[0].endswith("| fedray upd/CPU-s | pfl-1t upd/CPU-s | pfl-1t / fedray (CPU) |")
+    assert t[2].endswith("| 1,000.0 | 500.0 | 0.50 |")
+    r = {"round_s": [9.0, 1.0, 1.0], "round_cpu_s": [5.0, 0.5, 1.5]}
+    assert bsp.peer_updates_per_s(r, 100) == 100.0 and bsp.peer_updates_per_s(r, 100, "round_cpu_s") == 100.0
+    assert math.isnan(bsp.peer_updates_per_s({"round_s": [1.0, 1.0]}, 100, "round_cpu_s"))
