@@ -417,9 +417,10 @@ class PackedFiles:
         """The rows' schema (that of file 0; every file has the same)."""
         return self._map(0).schema
 
-    def _body(self, b: int, who: str) -> tuple[_Mapped, pa.Buffer]:
+    def _body(self, b: int, who: str, prefetch: bool = True) -> tuple[_Mapped, pa.Buffer]:
         """Block ``b``'s bytes in the mapping, after checking the file's size and (with ``check_reads``) the
-        block's CRC-32. Errors name the file, the block and ``who`` (e.g. a client)."""
+        block's CRC-32. Errors name the file, the block and ``who`` (e.g. a client). ``prefetch``: ask for the
+        block's pages first (``MADV_WILLNEED``); a check right after a read leaves it out."""
         f = int(self.file[b])
         m = self._map(f)
         size = m.mm.size()
@@ -427,8 +428,9 @@ class PackedFiles:
             raise DataError(f"corrupt or truncated packed file {self.path(f)} ({who}): {size} bytes, the index "
                             f"records {int(self.sizes[f])}")
         offset, nbytes = int(self.offset[b]), int(self.nbytes[b])
-        start = offset - offset % mmap.PAGESIZE
-        _advise(m.mm, _WILLNEED, start, min(offset + nbytes, size) - start)  # the block's pages in one request
+        if prefetch:
+            start = offset - offset % mmap.PAGESIZE
+            _advise(m.mm, _WILLNEED, start, min(offset + nbytes, size) - start)  # the block's pages in one request
         body = m.buf.slice(offset, nbytes)
         if self.check_reads and (crc := buffer_crc32(body)) != self.crc32[b]:
             raise DataError(f"corrupt block {b} of {self.path(f)} ({who}): CRC-32 {crc:08x}, the index records "
@@ -438,7 +440,7 @@ class PackedFiles:
     def check_block(self, b: int, who: str) -> None:
         """Check block ``b`` again (file size and, with ``check_reads``, CRC-32): a batch decoded from it is a
         view of the mapping, so rows that were in use while the file changed in place fail here."""
-        self._body(b, who)
+        self._body(b, who, prefetch=False)  # its pages were just read
 
     def batch(self, b: int, who: str) -> pa.RecordBatch:
         """Record batch ``b``, decoded zero-copy from the mapping after checking the file's size and (with
