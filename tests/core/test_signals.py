@@ -31,6 +31,16 @@ def module_that_signals_itself(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
+def _import_under(handler, name: str) -> None:
+    """Import ``name`` with ``handler`` as SIGTERM's handler; the handler's ``Stop`` must come (then restored)."""
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(Stop):
+            _import_then_wait(name)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _import_then_wait(name: str) -> float:
     """Import ``name``, then wait up to 5 s for the handler to raise; the seconds from the import's end."""
     __import__(name)
@@ -41,12 +51,7 @@ def _import_then_wait(name: str) -> float:
 
 
 def test_a_sigterm_during_an_import_is_handled_once_the_import_is_done(module_that_signals_itself):
-    previous = signal.signal(signal.SIGTERM, signals.outside_imports(_stop))
-    try:
-        with pytest.raises(Stop):
-            _import_then_wait(module_that_signals_itself)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    _import_under(signals.outside_imports(_stop), module_that_signals_itself)
     module = sys.modules[module_that_signals_itself]
     assert module.DONE  # the import ran to its end: the handler raised after it, not inside it
     # and no import lock is left behind: another thread imports the module at once
@@ -57,12 +62,7 @@ def test_a_sigterm_during_an_import_is_handled_once_the_import_is_done(module_th
 
 def test_without_the_wrapper_the_handler_raises_inside_the_import(module_that_signals_itself):
     """What the wrapper prevents: the plain handler interrupts the module half imported."""
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        with pytest.raises(Stop):
-            _import_then_wait(module_that_signals_itself)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    _import_under(_stop, module_that_signals_itself)
     assert module_that_signals_itself not in sys.modules
 
 
@@ -102,10 +102,5 @@ def test_an_import_that_does_not_end_gets_the_signal_after_the_patience(module_t
     """The deferral is bounded: an import still running after PATIENCE_S (here 0.05 s of its 0.2 s) is interrupted,
     so a process whose main thread waits in an import for ever can still be stopped."""
     monkeypatch.setattr(signals, "PATIENCE_S", 0.05)
-    previous = signal.signal(signal.SIGTERM, signals.outside_imports(_stop))
-    try:
-        with pytest.raises(Stop):
-            _import_then_wait(module_that_signals_itself)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    _import_under(signals.outside_imports(_stop), module_that_signals_itself)
     assert module_that_signals_itself not in sys.modules  # interrupted inside the import, as a plain handler would
