@@ -10,7 +10,7 @@ start thread and the start thread waiting for a module lock: a driver that never
 bench/chaos.py, seed 21 schedule 60).
 
 :func:`outside_imports` wraps a handler: while the main thread is inside the import system the signal is sent
-again 20 ms later, until the import is done; elsewhere the handler runs at once.
+again 20 ms later, until the import is done (at most 5 s); elsewhere the handler runs at once.
 """
 
 from __future__ import annotations
@@ -53,8 +53,9 @@ def _send_again(signum: int) -> None:
 def outside_imports(handler: Handler) -> Handler:
     """``handler``, run when the main thread is outside the import system: a signal that comes during an import
     is sent again (to this process, whatever handler it has by then) every :data:`RETRY_S` until the import
-    is over, or for at most :data:`PATIENCE_S`, after which the handler runs where the thread is. The new sender is a bare ``_thread`` thread: starting a ``threading.Thread`` takes the threading
-    module's locks, which the interrupted code may hold."""
+    is over, or for at most :data:`PATIENCE_S`, after which the handler runs where the thread is. The sender
+    is a bare ``_thread`` thread: starting a ``threading.Thread`` takes the threading module's locks, which
+    the interrupted code may hold."""
     since: dict[int, float] = {}  # signal -> when it first came during an import
 
     def deferred(signum: int, frame: FrameType | None) -> Any:
