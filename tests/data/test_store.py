@@ -120,7 +120,7 @@ def test_meta_json_and_open(tmp_path, bundle):
 
 @pytest.mark.parametrize("spec", [
     {"name": "iid", "num_clients": 2, "seed": 0},  # 600 rows, 470 KB each: a batch of its own
-    {"name": "dirichlet", "num_clients": 40, "seed": 0, "alpha": 0.3},  # clients sharing 128 KiB batches
+    {"name": "dirichlet", "num_clients": 40, "seed": 0, "alpha": 0.3},  # some clients sharing a batch
 ])
 def test_reading_is_zero_copy(tmp_path, bundle, spec):
     st = build_partition(bundle, spec, tmp_path)
