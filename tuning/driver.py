@@ -67,6 +67,15 @@ class StudyResult:
         return out
 
 
+def crash_reason(err: BaseException) -> str:
+    """Why a study's session ended by ``err``: its first line; Ctrl-C / SIGTERM (``KeyboardInterrupt``) that the
+    loop did not turn into an interruption came while the study was already stopping."""
+    if isinstance(err, KeyboardInterrupt):
+        return "KeyboardInterrupt: a second Ctrl-C or SIGTERM while the study stopped"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
 class StudyRunner:
     """Runs a :class:`StudySpec` to its budget (see the module docstring)."""
 
@@ -94,12 +103,15 @@ class StudyRunner:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         with self._driver_lock():
             study, info, url, cap, n_trials = self._open()
-            status, interrupted, aborted = "crashed", False, None
+            status, interrupted, aborted, reason = "crashed", False, None, None
             try:
                 interrupted, aborted = self._loop(study, cap, n_trials)
                 status = "interrupted" if interrupted else "aborted" if aborted else "finished"
+            except BaseException as e:  # recorded, then raised: the session says why it crashed
+                reason = crash_reason(e)
+                raise
             finally:
-                self.dir.close_session(info, status)
+                self.dir.close_session(info, status, reason)
                 outputs: list[Path] = []
                 try:
                     outputs = write_outputs(study, self.spec, self.study_dir, log=self.log)

@@ -103,6 +103,7 @@ class StudyDir:
         self.write(info)
         return info
 
-    def close_session(self, info: dict, status: str) -> None:
-        info["sessions"][-1].update(ended_at=time.time(), status=status)
+    def close_session(self, info: dict, status: str, reason: str | None = None) -> None:
+        """The session's end: its status and, for a session that crashed, why (the exception that ended it)."""
+        info["sessions"][-1].update(ended_at=time.time(), status=status, **({"reason": reason} if reason else {}))
         self.write(info)

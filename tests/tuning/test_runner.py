@@ -283,3 +283,22 @@ def test_a_resumed_grid_study_runs_the_grid_points_it_has_not_run():
         study.tell(trial, state=TrialState.FAIL if n_existing % 2 else TrialState.COMPLETE,
                    values=None if n_existing % 2 else 0.5)
     assert sorted(seen) == values
+
+
+@pytest.mark.parametrize("err, reason", [
+    (KeyboardInterrupt(), "KeyboardInterrupt: a second Ctrl-C or SIGTERM while the study stopped"),
+    (RuntimeError("boom\nmore"), "RuntimeError: boom"),
+])
+def test_a_crashed_session_records_why(tmp_path, partition_cache, monkeypatch, err, reason):
+    """A session that its loop leaves by an exception is recorded ``crashed`` with the reason in study.json (chaos
+    seed 22 schedule 19: a second SIGTERM while a resumed study stopped left ``crashed`` and no reason)."""
+    def loop(self, study, cap, n_trials):
+        raise err
+
+    monkeypatch.setattr(StudyRunner, "_loop", loop)
+    runner = StudyRunner(parse_study(study_dict(tmp_path, partition_cache), source_path=tmp_path / "s.yaml"),
+                         output_dir=tmp_path, log=lambda m: None)
+    with pytest.raises(type(err)):
+        runner.run()
+    last = json.loads((runner.study_dir / "study.json").read_text())["sessions"][-1]
+    assert last["status"] == "crashed" and last["reason"] == reason
