@@ -30,6 +30,7 @@ from pathlib import Path
 from fedray.apps.launcher import Launcher, RunOutcome
 from fedray.apps.slices import plan_slices
 from fedray.config import ConfigError, ExperimentConfig, from_dict
+from fedray.core.owner import crash_reason
 from tuning.backend import (best_postfix, budget, counted_trials, make_pruner, make_sampler, make_storage,
                             mask_url, session_seed)
 from tuning.outputs import write_outputs
@@ -65,15 +66,6 @@ class StudyResult:
         for t in self.trials:
             out[t.state.name] = out.get(t.state.name, 0) + 1
         return out
-
-
-def crash_reason(err: BaseException) -> str:
-    """Why a study's session ended by ``err``: its first line; Ctrl-C / SIGTERM (``KeyboardInterrupt``) that the
-    loop did not turn into an interruption came while the study was already stopping."""
-    if isinstance(err, KeyboardInterrupt):
-        return "KeyboardInterrupt: a second Ctrl-C or SIGTERM while the study stopped"
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 class StudyRunner:

@@ -39,7 +39,7 @@ from fedray.apps.slices import apply_slice, plan_slices
 from fedray.apps.sweep_spec import SweepSpec, TableSpec, load_sweep
 from fedray.config import ConfigError, from_dict
 from fedray.core.io import atomic_write_text, atomic_writer
-from fedray.core.owner import owner_record, read_run_status, settle_sessions
+from fedray.core.owner import crash_reason, owner_record, read_run_status, settle_sessions
 from fedray.reporting.rundir import RunDir
 
 RECORD = "sweep.json"
@@ -304,8 +304,8 @@ def _run_locked(spec: SweepSpec, resume: bool, cap: int, slices: dict, log) -> S
     _write_record(out, record)
     try:
         result = _run_points(spec, resume, cap, slices, kill_at, log)
-    except BaseException:
-        record["sessions"][-1].update(status="crashed", ended_at=time.time())
+    except BaseException as e:
+        record["sessions"][-1].update(status="crashed", ended_at=time.time(), reason=crash_reason(e))
         _write_record(out, record)
         raise
     record["sessions"][-1].update(status="interrupted" if result.interrupted else "finished", ended_at=time.time(),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fedray.core.procinfo import proc_runs, proc_start_ticks
 
-__all__ = ["describe_owner", "owner_record", "owner_state", "read_run_status", "settle_sessions", "settled_status"]
+__all__ = ["crash_reason", "describe_owner", "owner_record", "owner_state", "read_run_status", "settle_sessions", "settled_status"]
 
 
 def _boot_id() -> str | None:
@@ -96,3 +96,12 @@ def settle_sessions(sessions: list[dict], *, lock_held: bool) -> list[dict]:
                             f"the OOM killer) or its machine went down")
             marked.append(s)
     return marked
+
+
+def crash_reason(err: BaseException) -> str:
+    """Why a driver's session (a sweep's, a study's) ended by ``err``, for its record: the exception's first line;
+    a ``KeyboardInterrupt`` that the session did not turn into an interruption came while it was already stopping."""
+    if isinstance(err, KeyboardInterrupt):
+        return "KeyboardInterrupt: a second Ctrl-C or SIGTERM while it stopped"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

@@ -100,3 +100,20 @@ def test_a_failing_point_is_named_after_the_others_finish(tmp_path, partition_ca
         from fedray.apps.sweep import run_sweep
 
         run_sweep(load_sweep(path, overrides=args[2:6], output_dir=out))
+
+
+def test_a_crashed_sweep_session_records_why(tmp_path, partition_cache, monkeypatch):
+    """A session that leaves its points by an exception is recorded ``crashed`` with the reason in sweep.json, as a
+    study's is (fedray.core.owner.crash_reason; before, ``crashed`` and no reason)."""
+    import fedray.apps.sweep as sweep_mod
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom\nmore")
+
+    monkeypatch.setattr(sweep_mod, "_run_points", boom)
+    path = write_sweep(tmp_path, partition_cache)
+    with pytest.raises(RuntimeError, match="boom"):
+        sweep_mod.run_sweep(load_sweep(path, overrides=["train.rounds=1", "engine.backend=local"],
+                                       output_dir=tmp_path / "out"), log=print)
+    last = json.loads((tmp_path / "out" / "sweep.json").read_text())["sessions"][-1]
+    assert last["status"] == "crashed" and last["reason"] == "RuntimeError: boom"

@@ -286,7 +286,7 @@ def test_a_resumed_grid_study_runs_the_grid_points_it_has_not_run():
 
 
 @pytest.mark.parametrize("err, reason", [
-    (KeyboardInterrupt(), "KeyboardInterrupt: a second Ctrl-C or SIGTERM while the study stopped"),
+    (KeyboardInterrupt(), "KeyboardInterrupt: a second Ctrl-C or SIGTERM while it stopped"),
     (RuntimeError("boom\nmore"), "RuntimeError: boom"),
 ])
 def test_a_crashed_session_records_why(tmp_path, partition_cache, monkeypatch, err, reason):
