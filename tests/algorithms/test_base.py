@@ -131,6 +131,43 @@ def test_client_optimizers_are_torchs_bit_for_bit(name, momentum, wd):
     assert all(torch.equal(a, b) for a, b in zip(*(m.parameters() for m in models)))
 
 
+def test_client_optimizer_hooks_and_profiler_still_run():
+    """The step of make_torch_optimizer's optimizers skips torch's hook/profiler wrapper only when there is nothing
+    for it to do: an instance hook, a global hook and a torch profiler each still see every step (and zero_grad's
+    range under the profiler), and the parameters stay those of torch's own SGD."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from fedray.algorithms.training import make_torch_optimizer
+
+    model = torch.nn.Linear(4, 2)
+    opt = make_torch_optimizer(TrainConfig(optimizer="sgd", lr=0.1), model.parameters(), 0.1)
+    seen = []
+
+    def train(n):
+        for _ in range(n):
+            opt.zero_grad()
+            model(torch.ones(3, 4)).sum().backward()
+            opt.step()
+
+    handle = opt.register_step_pre_hook(lambda o, args, kwargs: seen.append("own"))
+    train(2)
+    handle.remove()
+    handle = register_optimizer_step_post_hook(lambda o, args, kwargs: seen.append("global"))
+    try:
+        train(1)
+    finally:
+        handle.remove()
+    train(1)
+    assert seen == ["own", "own", "global"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        train(2)
+    names = [e.name for e in prof.events()]
+    assert names.count("Optimizer.step#SGD.step") == 2 and names.count("Optimizer.zero_grad#SGD.zero_grad") == 2
+    assert all(p.grad is not None for p in model.parameters())
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
 DYNAMO_FREE = """
 import sys
 import torch
