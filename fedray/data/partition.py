@@ -130,7 +130,8 @@ def _iid(labels, num_clients, seed, domains, natural, *, remainder):
     offsets[:rest + 1] += np.arange(rest + 1)
     offsets[rest + 1:] += rest
     # client k: permutation positions offsets[k] .. offsets[k + 1], ascending (each run sorted in place, no owners)
-    perm = np.random.default_rng(seed).permutation(m)
+    perm = np.arange(m, dtype=row_dtype(m))  # rng.permutation(m) draws the same shuffle for any dtype
+    np.random.default_rng(seed).shuffle(perm)
     perm[:rest * (size + 1)].reshape(rest, size + 1).sort(axis=1)
     perm[rest * (size + 1):int(offsets[-1])].reshape(num_clients - rest, size).sort(axis=1)
     return ClientIndex(perm[:int(offsets[-1])], offsets)
@@ -167,7 +168,8 @@ def _dirichlet(labels, num_clients, seed, domains, natural, *, alpha, min_partit
             assign_cuts(owner, idx_c, p)
             if self_balancing:
                 sizes += np.bincount(owner[idx_c], minlength=num_clients)
-        del p, sizes, idx_c
+            del p, idx_c  # before the next class's draw: one num_clients-long p at a time, not two
+        del sizes
         if min_partition_size <= 0:
             del by_class, alpha_vec  # not held through the sort of the owners
         parts = _split_by_owner(owner, num_clients)
@@ -251,7 +253,7 @@ def _shards(labels, num_clients, seed, domains, natural, *, shards_per_client):
     assign = np.arange(total_shards, dtype=row_dtype(total_shards))
     rng.shuffle(assign)
     per = shards_per_client * size  # client k holds shards assign[k * spc .. (k + 1) * spc], its rows ascending
-    rows = np.empty(num_clients * per, dtype=np.int64)
+    rows = np.empty(num_clients * per, dtype=row_dtype(len(labels)))
     step = max(1, PASS_ROWS // per)
     for lo in range(0, num_clients, step):
         hi = min(num_clients, lo + step)
@@ -379,7 +381,7 @@ def _natural(labels, num_clients, seed, domains, natural, *, allow_fewer):
         del breaks
         n_ids = starts.size - 1
         _check_natural(num_clients, n_ids, allow_fewer)
-        return ClientIndex(np.arange(starts[num_clients], dtype=np.int64), starts[:num_clients + 1])
+        return ClientIndex(np.arange(starts[num_clients], dtype=row_dtype(m)), starts[:num_clients + 1])
     ids, inverse = np.unique(natural, return_inverse=True)
     _check_natural(num_clients, ids.shape[0], allow_fewer)
     owner = np.where(inverse < num_clients, inverse, -1)
