@@ -30,6 +30,15 @@ class ClientHints:
         return ClientHints(prox_mu=float(self.prox_mu) + float(other.prox_mu))
 
 
+def _entropy(key: list[int]):
+    """``key`` as SeedSequence entropy: a uint32 array when every entry fits 32 bits, which SeedSequence reads as
+    the same words as the list (an int below 2^32 is one word) in half the time (a few us of every client
+    update); the list itself otherwise (wider ints are several words, negative ones an error, as before)."""
+    if all(0 <= k <= 0xFFFFFFFF for k in key):
+        return np.array(key, dtype=np.uint32)
+    return key
+
+
 @dataclass
 class ClientContext:
     """Everything a client update may use. Built by the worker for one (round, client)."""
@@ -61,9 +70,9 @@ class ClientContext:
     def rng(self, purpose: str, *extra: int) -> np.random.Generator:
         """numpy generator keyed by (seed, round, client, purpose[, extra]). ``order`` keeps the exact
         key [seed, round, client] of the benchmark workload."""
-        if purpose == "order" and not extra:
-            return np.random.default_rng([self.seed, self.rnd, self.cid])
-        return np.random.default_rng([self.seed, self.rnd, self.cid, 1000 + PURPOSES[purpose], *extra])
+        key = [self.seed, self.rnd, self.cid] if purpose == "order" and not extra else \
+            [self.seed, self.rnd, self.cid, 1000 + PURPOSES[purpose], *extra]
+        return np.random.default_rng(_entropy(key))
 
     def torch_generator(self, purpose: str, *extra: int) -> torch.Generator:
         g = torch.Generator(device="cpu")

@@ -204,13 +204,17 @@ class ClientTable:
 
     def check(self, clients, where: str) -> None:
         """Raise :class:`DataError` (naming the file, the clients and ``where``) unless every column's bytes for
-        ``clients`` (ids, any iterable; a chunk of :data:`CHECK_CHUNK` around each) are those checked when the
+        ``clients`` (one id, or ids in any iterable; a chunk of :data:`CHECK_CHUNK` around each) are those checked when the
         file was mapped (module docstring)."""
-        ids = np.asarray(clients, dtype=np.int64).reshape(-1)
-        if not ids.size:
-            return
         step = CHECK_CHUNK
-        for k in np.unique(ids // step).tolist():
+        if isinstance(clients, (int, np.integer)) and not isinstance(clients, bool):  # one client: its chunk
+            chunks = [int(clients) // step]
+        else:
+            ids = np.asarray(clients, dtype=np.int64).reshape(-1)
+            if not ids.size:
+                return
+            chunks = np.unique(ids // step).tolist()
+        for k in chunks:
             lo = k * step
             for col, ref in zip(self._cols, self._chunk_crcs):
                 if zlib.crc32(col[lo:lo + step]) != ref[k]:

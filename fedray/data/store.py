@@ -514,7 +514,7 @@ class PartitionStore:
         """After client ``cid``'s rows were used (they are views of the mapped files): raise :class:`DataError`
         if its index entries or its block changed on disk since they were checked, naming the file."""
         cid = self._check_cid(cid)
-        self._clients.check([cid], f"client {cid}")
+        self._clients.check(cid, f"client {cid}")
         b = int(self._block[cid])
         if b >= 0:
             self._packed.check_block(b, f"client {cid}, after its rows were used")

@@ -194,3 +194,22 @@ def test_client_optimizers_do_not_import_dynamo():
     proc = subprocess.run([sys.executable, "-c", DYNAMO_FREE], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "False"
+
+
+def test_client_rng_streams_are_those_of_the_key_list():
+    """ClientContext.rng hands SeedSequence a uint32 array when the key fits 32 bits (faster); every stream must be
+    the one of ``np.random.default_rng(key_list)``, the key's definition, for small, 32-bit-edge and wider seeds."""
+    from fedray.algorithms.context import ClientContext
+    from fedray.core.seeds import PURPOSES
+
+    for seed in (0, 7, 2**32 - 1, 2**32, 2**40 + 3):
+        for rnd, cid in ((1, 0), (12, 9_999_999), (2**31, 2**32 - 1)):
+            ctx = ClientContext(cid=cid, rnd=rnd, seed=seed, model=None, flat=None, global_weights=None, images=None,
+                                labels=np.zeros(0, dtype=np.int64), meta=None, train=None, device=torch.device("cpu"),
+                                normalize=False)
+            assert np.array_equal(ctx.rng("order").permutation(50), np.random.default_rng([seed, rnd, cid]).permutation(50))
+            for purpose in ("dropout", "augment"):
+                key = [seed, rnd, cid, 1000 + PURPOSES[purpose]]
+                assert np.array_equal(ctx.rng(purpose).random(5), np.random.default_rng(key).random(5))
+                assert np.array_equal(ctx.rng(purpose, 3, 2**33).random(5),
+                                      np.random.default_rng(key + [3, 2**33]).random(5))
