@@ -3,7 +3,7 @@
 A partitioner's result used to be a list of N index arrays. At ten million clients that list is ten million
 Python objects (about 1 GB before any row) and every pass over it (sizes, the partition hash, label counts,
 the packed writer) a Python loop of ten million steps. :class:`ClientIndex` keeps the same content as two
-arrays: ``rows`` (int64, client 0's rows, then client 1's, ... each client's in its partitioner's order) and
+arrays: ``rows`` (client 0's rows, then client 1's, ... each client's in its partitioner's order) and
 ``offsets`` (int64, N + 1 entries, client ``c``'s rows are ``rows[offsets[c]:offsets[c + 1]]``).
 
 ``rows`` is int32 when a partitioner builds it so (row numbers below 2^31, :func:`row_dtype`: 4 bytes a row less
@@ -171,8 +171,8 @@ class ClientIndex(Sequence):
         """Client ``k`` gets the rows ``r`` with ``owner[r] == k`` in ascending order; rows with owner -1 are
         left out: the same arrays as splitting the ascending assigned rows by a stable sort of their owners. A
         counting sort (:func:`group_stable`): besides the result (4 bytes a row below 2^31 rows, and 8 a client), a
-        pass's arrays,
-        never a sort of every row at once; ``owner`` may be any integer dtype (int32 at ten million clients)."""
+        pass's arrays, never a sort of every row at once; ``owner`` may be any integer dtype (int32 at ten million
+        clients)."""
         owner = np.asarray(owner)
         if owner.ndim != 1:
             raise DataError(f"ClientIndex.from_owner: owner must be 1-D, got shape {owner.shape}")

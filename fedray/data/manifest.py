@@ -204,8 +204,8 @@ class ClientTable:
 
     def check(self, clients, where: str) -> None:
         """Raise :class:`DataError` (naming the file, the clients and ``where``) unless every column's bytes for
-        ``clients`` (one id, or ids in any iterable; a chunk of :data:`CHECK_CHUNK` around each) are those checked when the
-        file was mapped (module docstring)."""
+        ``clients`` (one id, or ids in any iterable; a chunk of :data:`CHECK_CHUNK` around each) are those checked
+        when the file was mapped (module docstring)."""
         step = CHECK_CHUNK
         if isinstance(clients, (int, np.integer)) and not isinstance(clients, bool):  # one client: its chunk
             chunks = [int(clients) // step]
