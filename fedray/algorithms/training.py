@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch.optim import optimizer as _torch_optimizer
 
 from fedray.algorithms.context import ClientContext
 from fedray.losses import proximal_term
@@ -48,11 +49,9 @@ def _optimizers_without_dynamo() -> None:
 
 def _hooks_or_profiler(opt: torch.optim.Optimizer) -> bool:
     """Whether a step of ``opt`` has optimizer hooks to run (its own or global ones) or a torch profiler to
-    record into."""
-    from torch.optim import optimizer as _optimizer
-
+    record into (checked at every step: module attributes, no import)."""
     return bool(opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks
-                or _optimizer._global_optimizer_pre_hooks or _optimizer._global_optimizer_post_hooks
+                or _torch_optimizer._global_optimizer_pre_hooks or _torch_optimizer._global_optimizer_post_hooks
                 or torch.autograd._profiler_enabled())
 
 

@@ -9,8 +9,8 @@ releases the GIL on large buffers, so with 4+ cores files are checked by a few t
 (on 2 cores, 2 threads measured slower than 1: see ``bench/bench_partition_verify.py``).
 
 Why per block and not per file: a worker reading one client's rows checks only the block (record batch)
-that holds them, about 16 KiB (``packed.BLOCK_BYTES``), not a file of up to 1 GiB. A block's checksum is computed from the
-in-memory buffer that is written, so writing costs one extra pass over bytes already in cache; checking
+that holds them, about 16 KiB (``packed.BLOCK_BYTES``), not a file of up to 1 GiB. A block's checksum is
+computed from the in-memory buffer that is written, so writing costs one extra pass over bytes already in cache; checking
 a whole file streams it in 1 MiB reads (no whole-file copy), block boundaries falling anywhere in a read.
 """
 
