@@ -42,6 +42,15 @@ def use_deterministic_torch() -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def limit_gpu_memory(device: torch.device, fraction: float) -> None:
+    """Let this process's PyTorch allocator use at most ``fraction`` (the worker's ``engine.worker_num_gpus``) of
+    ``device``'s memory, so that a worker past its share raises CUDA's out-of-memory error (which names
+    ``engine.worker_num_gpus``: fedray/engine/outcomes.py) instead of starving the GPU's other workers. torch wants
+    the device's index: a plain ``cuda`` (no index, the usual ``engine.device``) is the current device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, float(fraction)), index)
+
+
 class Replica:
     """One process's copy of the experiment (see the module docstring).
 
@@ -63,7 +72,7 @@ class Replica:
                                "or CUDA_VISIBLE_DEVICES hides it)")
         self.device = torch.device(device)
         if self.device.type == "cuda" and gpu_fraction:
-            torch.cuda.set_per_process_memory_fraction(min(1.0, float(gpu_fraction)), self.device)
+            limit_gpu_memory(self.device, gpu_fraction)
         self.store = PartitionStore.open(partition_path)
         self.meta = self.store.meta
         self.sizes = np.asarray(self.store.sizes, dtype=np.int64)

@@ -11,7 +11,7 @@ import torch
 
 from fedray.config import ConfigError, config_hash, dump_config, from_dict
 from fedray.engine.outcomes import DETERMINISM_HINT, GPU_OOM_HINT, error_hint, error_text, is_fatal
-from fedray.engine.replica import CUBLAS_WORKSPACE, use_deterministic_torch
+from fedray.engine.replica import CUBLAS_WORKSPACE, limit_gpu_memory, use_deterministic_torch
 
 
 def _raised(err: BaseException) -> str:
@@ -28,6 +28,23 @@ def test_cuda_out_of_memory_names_worker_num_gpus_and_stays_transient():
     assert first.startswith(f"OutOfMemoryError: {GPU_OOM_HINT}. CUDA out of memory")
     assert "engine.worker_num_gpus" in first
     assert not is_fatal(err)  # retried, then dropped, as before
+
+
+@pytest.mark.parametrize("device, index", [("cuda", 3), ("cuda:1", 1)])
+def test_gpu_share_limits_the_allocator_of_the_device_by_index(monkeypatch, device, index):
+    # torch's set_per_process_memory_fraction takes an index and raises on a plain torch.device("cuda"): on the
+    # first real GPU (issue 32) every worker with a GPU share failed its set-up that way
+    calls = []
+
+    def fake_set(fraction, dev):
+        assert isinstance(dev, int), dev  # what torch accepts: not torch.device("cuda")
+        calls.append((fraction, dev))
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fake_set)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    limit_gpu_memory(torch.device(device), 0.25)
+    limit_gpu_memory(torch.device(device), 2)  # a share above one GPU: the whole of it
+    assert calls == [(0.25, index), (1.0, index)]
 
 
 def test_op_without_deterministic_kernel_names_the_flag():
