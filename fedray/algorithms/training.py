@@ -16,8 +16,8 @@ from torch.optim import optimizer as _torch_optimizer
 from fedray.algorithms.context import ClientContext
 from fedray.losses import proximal_term
 
-__all__ = ["batch_schedule", "broadcast_proximal_term", "local_sgd", "make_optimizer", "make_torch_optimizer",
-           "param_anchors"]
+__all__ = ["LossSum", "batch_schedule", "broadcast_proximal_term", "local_sgd", "make_optimizer",
+           "make_torch_optimizer", "param_anchors"]
 
 
 @functools.cache
@@ -131,17 +131,20 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
     prox = broadcast_proximal_term(ctx, params)
     t = ctx.train
     gen = ctx.torch_generator("augment") if ctx.augment is not None else None
-    total, seen = 0.0, 0
+    total, seen = LossSum(ctx.device), 0
     images = ctx.images
     labels = ctx.labels
+    on_device = ctx.device.type != "cpu"
     for idx in batch_schedule(ctx):
-        xb = to_float(torch.from_numpy(images[idx]), ctx.meta, ctx.normalize)
+        xb = torch.from_numpy(images[idx])
         yb = torch.from_numpy(labels[idx])
-        if ctx.augment is not None:
-            xb = ctx.augment(xb, gen)
-        if ctx.device.type != "cpu":
+        if ctx.augment is not None:  # on the CPU, with its CPU generator (the same bits on every device)
+            xb = ctx.augment(to_float(xb, ctx.meta, ctx.normalize), gen)
+        if on_device:
             xb = xb.to(ctx.device, non_blocking=True)
             yb = yb.to(ctx.device, non_blocking=True)
+        if ctx.augment is None:  # after the copy: uint8 crosses the bus (a quarter of float32's bytes), as in
+            xb = to_float(xb, ctx.meta, ctx.normalize)  # iterate_batches; IEEE arithmetic: the CPU's numbers
         opt.zero_grad()
         loss = loss_fn(model, xb, yb)
         if prox is not None:
@@ -153,9 +156,53 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
         if after_step is not None:
             after_step()
         b = int(yb.shape[0])
-        total += float(loss.detach()) * b
+        total.add(loss, b)
         seen += b
-    return total / seen if seen else math.nan
+    return total.value() / seen if seen else math.nan
+
+
+class LossSum:
+    """Sample-weighted sums of batch losses, ``sum_b loss_b * n_b`` in float64: one sum, or one per row of a
+    stack of clients (``rows``, :mod:`fedray.engine.client.grouped`).
+
+    On a CUDA device the sums stay on the device (float64 tensors), so that no training step waits for the GPU:
+    reading the loss at every step (``float(loss)``) synchronises the host with the device and keeps the host
+    from queueing the next step's kernels while the GPU runs this one. The device does the host's operations
+    (float32 -> float64, times the integer count, add) in the same order, so the sums are the same numbers; they
+    are read once, at the end (:meth:`value`). Elsewhere (CPU, or MPS, which has no float64) plain Python floats.
+    """
+
+    def __init__(self, device: torch.device | str, rows: int | None = None, *, in_tensors: bool | None = None):
+        # in_tensors: None = on a CUDA device only; True keeps tensor sums on any device (the tests compare both)
+        self.on_device = torch.device(device).type == "cuda" if in_tensors is None else bool(in_tensors)
+        self.rows = rows
+        if self.on_device:
+            self.total: torch.Tensor | float | list[float] = torch.zeros(() if rows is None else (rows,),
+                                                                         dtype=torch.float64, device=device)
+        else:
+            self.total = 0.0 if rows is None else [0.0] * rows
+
+    def add(self, loss: torch.Tensor, count: int) -> None:
+        """Add one batch's mean loss (a 0-d tensor) times its ``count`` samples."""
+        if self.on_device:
+            self.total += loss.detach().double() * count
+        else:
+            self.total += float(loss.detach()) * count
+
+    def add_rows(self, losses: torch.Tensor, counts: list[int]) -> None:
+        """Add the mean losses of rows ``0..len(counts)-1`` (a 1-d tensor) times their sample counts."""
+        a = len(counts)
+        if self.on_device:
+            self.total[:a] += losses.detach().double() * torch.tensor(counts, dtype=torch.float64, device=losses.device)
+        else:
+            lv = losses.detach().to("cpu").tolist()
+            for row in range(a):
+                self.total[row] += float(lv[row]) * counts[row]
+
+    def value(self, row: int | None = None) -> float:
+        """The sum (of ``row``, with ``rows``)."""
+        t = self.total if row is None else self.total[row]
+        return float(t)
 
 
 def batch_schedule(ctx: ClientContext):

@@ -213,3 +213,28 @@ def test_client_rng_streams_are_those_of_the_key_list():
                 assert np.array_equal(ctx.rng(purpose).random(5), np.random.default_rng(key).random(5))
                 assert np.array_equal(ctx.rng(purpose, 3, 2**33).random(5),
                                       np.random.default_rng(key + [3, 2**33]).random(5))
+
+
+def test_loss_sums_kept_in_tensors_are_the_hosts_numbers():
+    # on a GPU local_sgd and multi-client training keep the running loss on the device (no host sync a step);
+    # the tensor path must give the float64 host path's numbers exactly (the reported train loss keeps its bits)
+    from fedray.algorithms.training import LossSum
+
+    g = torch.Generator().manual_seed(7)
+    losses = torch.rand(200, generator=g, dtype=torch.float32) * 3
+    counts = torch.randint(1, 65, (200,), generator=g).tolist()
+    host, tens = LossSum("cpu"), LossSum("cpu", in_tensors=True)
+    assert not host.on_device and tens.on_device
+    for v, c in zip(losses, counts):
+        host.add(v, c)
+        tens.add(v, c)
+    assert host.value() == tens.value()
+    assert host.value() != float(sum(losses.double() * torch.tensor(counts, dtype=torch.float64)).float())
+    rows_h, rows_t = LossSum("cpu", rows=5), LossSum("cpu", rows=5, in_tensors=True)
+    for step in range(40):  # a stack that shrinks: rows 0..a-1
+        a = 5 - step // 10
+        v = torch.rand(a, generator=g, dtype=torch.float32)
+        c = torch.randint(1, 33, (a,), generator=g).tolist()
+        rows_h.add_rows(v, c)
+        rows_t.add_rows(v, c)
+    assert [rows_h.value(r) for r in range(5)] == [rows_t.value(r) for r in range(5)]

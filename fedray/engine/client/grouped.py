@@ -51,6 +51,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from fedray.algorithms import algorithm_of
+from fedray.algorithms.training import LossSum
 from fedray.config import ConfigError
 from fedray.data.loader import to_float
 from fedray.engine.outcomes import ClientOutcome, error_text, is_fatal
@@ -256,7 +257,7 @@ class _Group:
                                                loss=math.nan, steps=0)
         self.order = sorted((i for i in range(len(members)) if self.steps[i] > 0), key=lambda i: -self.steps[i])
         self.a = len(self.order)
-        self.totals = [0.0] * len(members)
+        self.totals = LossSum(device, rows=len(members))  # by stack row: row r is member order[r] throughout
         self.seen = [0] * len(members)
         if self.a:
             bufs = _workspace(workspaces, model, self.trainable, [self.slices[n][2] for n in self.trainable], self.a,
@@ -276,7 +277,7 @@ class _Group:
                 off, cnt, _ = self.slices[n]
                 w[off : off + cnt] = p[row].detach().reshape(-1).to("cpu").numpy()
             self.results[i] = MemberResult(weights=w, num_samples=int(self.members[i].labels.shape[0]),
-                                           loss=self.totals[i] / self.seen[i] if self.seen[i] else math.nan,
+                                           loss=self.totals.value(row) / self.seen[i] if self.seen[i] else math.nan,
                                            steps=self.steps[i])
 
     def shrink(self, t: int) -> None:
@@ -291,9 +292,10 @@ class _Group:
     def batch(self, t: int):
         """Step ``t``'s padded batch of every stacked client: (xs, ys, mask, real row counts)."""
         a, bs, dev = self.a, int(self.train.batch_size), self.device
-        xs = torch.zeros((a, bs, *tuple(self.meta.shape)), dtype=torch.float32, device=dev)
-        ys = torch.zeros((a, bs), dtype=torch.int64, device=dev)
-        mask = torch.zeros((a, bs), dtype=torch.float32, device=dev)
+        # made on the host and copied in one transfer each (one per row and tensor would be 3a small copies)
+        xs = torch.zeros((a, bs, *tuple(self.meta.shape)), dtype=torch.float32)
+        ys = torch.zeros((a, bs), dtype=torch.int64)
+        mask = torch.zeros((a, bs), dtype=torch.float32)
         counts = []
         for row in range(a):
             i = self.order[row]
@@ -302,10 +304,12 @@ class _Group:
             if self.augment is not None:
                 xb = self.augment(xb, self.gens[i])
             b = int(idx.shape[0])
-            xs[row, :b] = xb.to(dev)
-            ys[row, :b] = torch.from_numpy(np.asarray(self.members[i].labels[idx], dtype=np.int64)).to(dev)
+            xs[row, :b] = xb
+            ys[row, :b] = torch.from_numpy(np.asarray(self.members[i].labels[idx], dtype=np.int64))
             mask[row, :b] = 1.0
             counts.append(b)
+        if dev.type != "cpu":
+            xs, ys, mask = (t.to(dev, non_blocking=True) for t in (xs, ys, mask))
         return xs, ys, mask, counts
 
     def step(self, t: int) -> None:
@@ -322,11 +326,9 @@ class _Group:
         if self.train.grad_clip is not None:
             grads = _clip_per_client(grads, float(self.train.grad_clip))
         self.opt.step(self.params, grads)
-        lv = loss.detach().to("cpu").tolist()
+        self.totals.add_rows(loss, counts)
         for row in range(a):
-            i = self.order[row]
-            self.totals[i] += float(lv[row]) * counts[row]
-            self.seen[i] += counts[row]
+            self.seen[self.order[row]] += counts[row]
 
 
 def train_group(model: nn.Module, layout, global_weights: np.ndarray, members: list[GroupMember], *, rnd: int,
