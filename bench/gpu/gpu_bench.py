@@ -461,18 +461,11 @@ def step_determinism(args, sz: Sizes, rec: Record, work: Path) -> None:
         c["train"]["rounds"] = sz.det_rounds
         return c
 
-    plan = [(f"ray-{n}w", dict(num_workers=n, **det)) for n in (1, 2, 4)]
-    plan += [("local-1w", dict(backend="local", num_workers=1, **det)),
-             ("ray-2w-nondeterministic", dict(num_workers=2, deterministic=False)),
-             ("cpu-ray-2w", dict(num_workers=2, device="cpu", worker_num_gpus=0, **det))]
-    for tag, eng in plan:
-        if over_budget(args):
-            rec.error(tag, TimeoutError("step budget spent: not started"))
-            continue
-        attempt(rec, tag, lambda c=cfg_for(tag, **eng): fedray_run(c), tag=tag)
+    def fedray_of(tag: str, eng: dict):
+        return lambda c=cfg_for(tag, **eng): fedray_run(c)
 
     # a driver crash after round 2's checkpoint (fault injection: exit 17), then --resume in this process
-    if not over_budget(args):
+    def crash_and_resume() -> dict:
         crash = cfg_for("resume", backend="local", num_workers=1, fault_injection={"kind": "driver_exit", "round": 2},
                         **det)
         crash["output"]["checkpoint_every"] = 1
@@ -482,21 +475,31 @@ def step_determinism(args, sz: Sizes, rec: Record, work: Path) -> None:
                 "from fedray.driver.runner import run_experiment; "
                 "run_experiment(from_dict(json.load(open(%r))), progress=False, log=lambda *a: None)"
                 % (str(ROOT), str(path)))
-
-        def crash_and_resume() -> dict:
-            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-            if proc.returncode != 17:
-                raise RuntimeError(f"the crashing run exited {proc.returncode}, not 17: {proc.stderr[-1500:]}")
-            run_dir = next((work / "det-resume" / "runs").iterdir())
-            return {"crash_exit": proc.returncode, **fedray_run({}, resume=str(run_dir))}
-
-        attempt(rec, "local-1w-resumed", crash_and_resume, tag="local-1w-resumed")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 17:
+            raise RuntimeError(f"the crashing run exited {proc.returncode}, not 17: {proc.stderr[-1500:]}")
+        run_dir = next((work / "det-resume" / "runs").iterdir())
+        return {"crash_exit": proc.returncode, **fedray_run({}, resume=str(run_dir))}
 
     # one round of resnet18_gn under the flag: does every op of the large model have a deterministic CUDA kernel?
-    if not over_budget(args):
+    def resnet_round() -> dict:
         c = base_config(sz, "fedrcl", work / "det-resnet", num_workers=1, worker_num_gpus=1.0, **det)
         c["train"].update(rounds=1, local_epochs=1)
-        attempt(rec, "resnet18_gn one round, deterministic", lambda: fedray_run(c), tag="resnet18_gn-deterministic")
+        return fedray_run(c)
+
+    # in the order of what the step is for (the first GPU run, 2026-11-28, spent its budget before the resume):
+    # the bits with any number of workers and after a resume, every op of the large model, then the costs
+    plan = [(f"ray-{n}w", fedray_of(f"ray-{n}w", dict(num_workers=n, **det))) for n in (1, 2, 4)]
+    plan += [("local-1w", fedray_of("local-1w", dict(backend="local", num_workers=1, **det))),
+             ("local-1w-resumed", crash_and_resume),
+             ("resnet18_gn-deterministic", resnet_round),
+             ("ray-2w-nondeterministic", fedray_of("ray-2w-nondeterministic", dict(num_workers=2, deterministic=False))),
+             ("cpu-ray-2w", fedray_of("cpu-ray-2w", dict(num_workers=2, device="cpu", worker_num_gpus=0, **det)))]
+    for tag, fn in plan:
+        if over_budget(args):
+            rec.error(tag, TimeoutError("step budget spent: not started"))
+            continue
+        attempt(rec, tag, fn, tag=tag)
 
     runs = {r["tag"]: r for r in rec.data["runs"]}
     gpu_tags = [t for t in ("ray-1w", "ray-2w", "ray-4w", "local-1w", "local-1w-resumed") if t in runs]
@@ -551,6 +554,22 @@ def step_oom(args, sz: Sizes, rec: Record, work: Path) -> None:
 def step_split(args, sz: Sizes, rec: Record, work: Path) -> None:
     start_ray(sz)
     dev = cuda_device(sz)
+    from bench_split import run_loop
+    from fedray.config import from_dict
+    from fedray.plugins import load_plugins
+
+    # the baseline first (a few seconds): the first GPU run, 2026-11-28, spent the step's budget before it
+    cfg = from_dict(base_config(sz, "scala", work / "split-loop", backend="local", num_workers=1))
+    load_plugins(cfg)
+
+    def loop() -> dict:
+        r = run_loop(int(cfg.train.rounds), work / "split-loop", cfg=cfg, device=str(dev))
+        release_cuda()
+        return {"ms_per_iter": round(1000 * r["s_per_iter"], 2),
+                "ms_clients_per_iter": round(1000 * r["breakdown"]["clients"], 2),
+                "ms_server_per_iter": round(1000 * r["breakdown"]["server"], 2), "mb_per_iter": r["mb_per_iter"]}
+
+    attempt(rec, f"one-process SCALA loop on {dev}", loop, impl="plain", tag="loop", device=str(dev))
     with GpuSampler() as sampler:
         for tag, eng in (("ray-1w", dict(num_workers=1, worker_num_gpus=1.0)),
                          ("ray-2w", dict(num_workers=2, worker_num_gpus=0.5)),
@@ -560,22 +579,6 @@ def step_split(args, sz: Sizes, rec: Record, work: Path) -> None:
                 continue
             attempt(rec, f"fedray SCALA {tag}", lambda c=base_config(sz, "scala", work / f"split-{tag}", **eng):
                     fedray_run(c, sampler), impl="fedray", tag=tag)
-        if not over_budget(args):
-            from bench_split import run_loop
-            from fedray.config import from_dict
-            from fedray.plugins import load_plugins
-
-            cfg = from_dict(base_config(sz, "scala", work / "split-loop", backend="local", num_workers=1))
-            load_plugins(cfg)
-
-            def loop() -> dict:
-                r = run_loop(int(cfg.train.rounds), work / "split-loop", cfg=cfg, device=str(dev))
-                release_cuda()
-                return {"ms_per_iter": round(1000 * r["s_per_iter"], 2),
-                        "ms_clients_per_iter": round(1000 * r["breakdown"]["clients"], 2),
-                        "ms_server_per_iter": round(1000 * r["breakdown"]["server"], 2), "mb_per_iter": r["mb_per_iter"]}
-
-            attempt(rec, f"one-process SCALA loop on {dev}", loop, impl="plain", tag="loop", device=str(dev))
 
 
 STEPS = {"packing": step_packing, "multiclient": step_multiclient, "determinism": step_determinism,

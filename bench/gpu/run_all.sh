@@ -10,7 +10,8 @@
 # and puts it and the repository on PYTHONPATH. Then each step runs under its own time limit (`timeout`), writes its
 # figures to $OUT/<step>.json as it goes and its output to $OUT/run_all.log; a step that fails or runs out of time is
 # recorded and the next one starts. Steps and limits (seconds; about 9 minutes in all at most):
-#   env 40 | tests 90 | packing 170 | multiclient 70 | determinism 80 | oom 45 | split 55 (550 s at most)
+#   env 30 | tests 75 | packing 170 | multiclient 70 | determinism 120 | oom 30 | split 70 (565 s at most;
+#   the first GPU run, 2026-11-28, took 371 s: Ray starts in 5-11 s a run there)
 # FEDRAY_GPU_STEPS="env packing" runs only the steps named (a rerun of some with the minutes left);
 # FEDRAY_GPU_RUNTIME=PATH another runtime tarball (prepare.sh's PYVER=3.11 one, to try the GPU path here).
 # Eight files come back from $OUT (the device returns at most 8): env, tests, packing, multiclient, determinism, oom,
@@ -139,7 +140,7 @@ print(json.dumps(env, indent=1))
 EOF
 }
 export -f env_probe
-step env 40 bash -c env_probe
+step env 30 bash -c env_probe
 
 # 1. the GPU-relevant tests (marker gpu: tests/gpu) and the unit tests of engine.deterministic / the errors' hints
 run_tests() {
@@ -152,17 +153,17 @@ run_tests() {
   return $rc
 }
 export -f run_tests
-step tests 90 bash -c run_tests
+step tests 75 bash -c run_tests
 
 # 2-6. the measurements (bench/gpu/gpu_bench.py); --budget: no new run starts past it, so a step ends on its own
 step packing 170 "$PY" bench/gpu/gpu_bench.py packing --json "$OUT/packing.json" --budget $(( 140 * SCALE )) \
   --work "$WORK/packing" "${DRYFLAG[@]}"
 step multiclient 70 "$PY" bench/gpu/gpu_bench.py multiclient --json "$OUT/multiclient.json" --budget $(( 50 * SCALE )) \
   --work "$WORK/multiclient" "${DRYFLAG[@]}"
-step determinism 80 "$PY" bench/gpu/gpu_bench.py determinism --json "$OUT/determinism.json" \
-  --budget $(( 60 * SCALE )) --work "$WORK/determinism" "${DRYFLAG[@]}"
-step oom 45 "$PY" bench/gpu/gpu_bench.py oom --json "$OUT/oom.json" --work "$WORK/oom" "${DRYFLAG[@]}"
-step split 55 "$PY" bench/gpu/gpu_bench.py split --json "$OUT/split.json" --budget $(( 35 * SCALE )) \
+step determinism 120 "$PY" bench/gpu/gpu_bench.py determinism --json "$OUT/determinism.json" \
+  --budget $(( 100 * SCALE )) --work "$WORK/determinism" "${DRYFLAG[@]}"
+step oom 30 "$PY" bench/gpu/gpu_bench.py oom --json "$OUT/oom.json" --work "$WORK/oom" "${DRYFLAG[@]}"
+step split 70 "$PY" bench/gpu/gpu_bench.py split --json "$OUT/split.json" --budget $(( 50 * SCALE )) \
   --work "$WORK/split" "${DRYFLAG[@]}"
 
 say "steps:"
