@@ -86,6 +86,35 @@ def test_straggler_mode_cuts_the_round_into_small_tasks_by_default():
     assert prog().chunk_size(6, stragglers=True) == prog().chunk_size(6) == 1
 
 
+def test_short_tasks_grow_towards_min_task_seconds_from_the_last_rounds_clients():
+    """Tiny clients (100 a round of 0.4 ms on 2 workers): 8 tasks of 13 clients cost more in Ray's per-task cost than
+    in training, so once a round has measured its clients the default chunk grows to about _MIN_TASK_SECONDS, at
+    most one task per worker and within the held-updates cap; long clients, straggler mode and an explicit
+    engine.chunk_size keep their chunks."""
+    import types
+
+    from fedray.engine.programs import federated
+    from fedray.engine.programs.federated import FederatedProgram
+
+    def prog(spc, num_params=1_226, **over):
+        cfg = types.SimpleNamespace(engine=_engine(**over), train=types.SimpleNamespace(clients_per_round=100))
+        p = FederatedProgram(cfg=cfg, algorithm=None, server_opt=None, pool=types.SimpleNamespace(size=2),
+                             sizes=np.ones(10, np.int64), num_params=num_params)
+        p.client_seconds = spc
+        return p
+
+    assert prog(None).chunk_size(100) == 13  # round 1: nothing measured yet
+    assert prog(0.0004).chunk_size(100) == 50  # one task per worker
+    assert prog(0.0004).chunk_size(1_000) == 125  # 125 x 0.4 ms = 50 ms already
+    assert prog(0.0001).chunk_size(1_000) == 500
+    assert prog(0.002).chunk_size(100) == 25  # 25 x 2 ms = 50 ms
+    assert prog(0.01).chunk_size(100) == 13  # long enough as they are
+    assert prog(0.0004).chunk_size(100, stragglers=True) == 2
+    assert prog(0.0004, chunk_size=5).chunk_size(100) == 5
+    cap = federated._HELD_UPDATES_BYTES // (4 * 10_000_000) // 6  # 10 M parameters: 6 updates held per worker
+    assert prog(0.0004, num_params=10_000_000).chunk_size(100) == cap == 1
+
+
 def test_over_selection_stops_training_once_enough_clients_finished():
     """330 sampled for 300 (over_selection 0.1), results in submission order: the round stops after 300 clients,
     and the clients sampled last are never run (with tasks of 42 clients every sampled client trained)."""
