@@ -579,6 +579,50 @@ def step_split(args, sz: Sizes, rec: Record, work: Path) -> None:
                 continue
             attempt(rec, f"fedray SCALA {tag}", lambda c=base_config(sz, "scala", work / f"split-{tag}", **eng):
                     fedray_run(c, sampler), impl="fedray", tag=tag)
+    # where the in-process program's time goes against the loop (the first GPU run: 1.75x the loop, level on the
+    # CPU): one in-process run under torch.profiler, the host-device copies and synchronisations per iteration
+    if over_budget(args):
+        rec.error("profile of the in-process SCALA", TimeoutError("step budget spent: not started"))
+    else:
+        c = base_config(sz, "scala", work / "split-profile", backend="local", num_workers=1)
+        c["train"]["rounds"] = 2
+        try:
+            rec.data["profile"] = split_profile(c, dev)
+            rec.save()
+            print(f"[gpu_bench]   profile: {json.dumps(rec.data['profile']['per_iteration'])}", flush=True)
+        except Exception as e:  # noqa: BLE001 - recorded, the step goes on
+            rec.error("profile of the in-process SCALA", e)
+
+
+def split_profile(cfg: dict, dev) -> dict:
+    """An in-process SCALA run under ``torch.profiler``: per local iteration, the count of the calls that copy
+    between host and device or wait for the device, and the ops that take the most host and device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        res = fedray_run(cfg)
+    rows = [json.loads(line) for line in open(Path(res["run_dir"]) / "metrics.jsonl")]
+    iters = sum(int(r["split"]["iterations"]) for r in rows if "split" in r)
+    events = prof.key_averages()
+    watch = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::item", "aten::_local_scalar_dense",
+             "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaLaunchKernel")
+    counts = {e.key: e.count for e in events if e.key in watch}
+
+    def self_ms(e, kind: str) -> float:
+        v = getattr(e, f"self_{kind}_time_total", None)
+        if v is None and kind == "device":
+            v = getattr(e, "self_cuda_time_total", 0.0)
+        return float(v or 0.0) / 1000.0
+
+    def top(kind: str) -> list[dict]:
+        ranked = sorted(events, key=lambda e: self_ms(e, kind), reverse=True)[:12]
+        return [{"op": e.key, "calls": e.count, "self_ms": round(self_ms(e, kind), 2)} for e in ranked
+                if self_ms(e, kind) > 0]
+
+    return {"iterations": iters, "ms_per_iter_profiled": res.get("ms_per_iter"),
+            "per_iteration": {k: round(v / max(iters, 1), 1) for k, v in sorted(counts.items())},
+            "top_host": top("cpu"), "top_device": top("device") if dev.type == "cuda" else []}
 
 
 STEPS = {"packing": step_packing, "multiclient": step_multiclient, "determinism": step_determinism,

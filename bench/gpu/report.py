@@ -113,6 +113,15 @@ def summary(outdir: str) -> str:
         lines += _table(s["runs"], [("run", "tag"), ("ms / local iteration", "ms_per_iter"),
                                     ("ms clients", "ms_clients_per_iter"), ("ms server", "ms_server_per_iter"),
                                     ("GPU util %", "gpu.util_mean_pct")])
+        if s.get("profile"):
+            pr = s["profile"]
+            lines.append(f"profile of the in-process run ({pr['iterations']} iterations, "
+                         f"{pr.get('ms_per_iter_profiled')} ms each under the profiler), calls per iteration: "
+                         f"{json.dumps(pr['per_iteration'])}")
+            for kind in ("top_host", "top_device"):
+                if pr.get(kind):
+                    lines.append(f"{kind}: " + ", ".join(f"{t['op']} {t['self_ms']} ms ({t['calls']})"
+                                                         for t in pr[kind]))
     return "\n".join(lines)
 
 
