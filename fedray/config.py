@@ -156,7 +156,7 @@ class EngineConfig:
     # run fails; 0 = strict: any dropped client fails the run. A round with no client left always fails.
     max_dropped_fraction: float = 0.0
     reorder_window: int | None = None  # results held for the ordered fold; default 2*workers*chunk or the 256 MB budget
-    chunk_size: int | None = None  # clients per task; default from clients per round and the last round's client seconds
+    chunk_size: int | None = None  # clients per task; default from clients per round and last round's client seconds
     over_selection: float = 0.0  # straggler handling: sample ceil((1+x)K) clients, keep the first K done
     round_deadline_s: float | None = None  # straggler handling: aggregate what finished by the deadline
     object_store_memory: int | None = None  # bytes, only when fedray starts a local Ray
