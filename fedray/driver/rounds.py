@@ -10,11 +10,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from fedray.config import ConfigError
 from fedray.core.signals import outside_imports
 from fedray.engine.dispatch import RunAborted
 from fedray.driver.handle import CoordinatorLost, _reason
-from fedray.driver.setup import Run, RunResult
+from fedray.driver.setup import Run, RunResult, check_resumable
 from fedray.engine.state import ClientStateStore
 
 if TYPE_CHECKING:
@@ -47,11 +46,11 @@ def resume_state(run: Run, engine, log) -> int:
         rd.truncate_metrics(0)
         return 1
     st = rd.load_checkpoint()  # what checkpoints/latest names; a damaged one raises
-    recorded = rd.read_metrics()
-    if st is None and recorded:  # never start over silently: the recorded rounds would be lost
-        raise ConfigError(f"--resume {rd.path}: no checkpoint (checkpoints/latest) to continue the "
-                          f"{len(recorded)} recorded rounds from (output.checkpoint_every="
-                          f"{run.cfg.output.checkpoint_every}); start over with --overwrite")
+    if st is None:  # never start over silently: more than one interval of recorded rounds is refused
+        again = check_resumable(rd, run.cfg, run.found)
+        if again:
+            log(f"[fedray] {rd.path}: no checkpoint yet (output.checkpoint_every={run.cfg.output.checkpoint_every}): "
+                f"its {again} recorded round(s) run again from the initial state")
     start_round = _restore(run, engine, st)
     log(f"[fedray] resuming {rd.path} at round {start_round}")
     return start_round

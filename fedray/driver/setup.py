@@ -77,6 +77,7 @@ class Run:
     trackers: Trackers  # the MLflow / W&B runs it mirrors into (started), possibly none
     early: EarlyStart | None = None  # Ray and the actors, started while the data loaded (fedray.driver.launch)
     t_data: float = 0.0  # when the data was ready (time.perf_counter())
+    found: str = ""  # a resume: the status run.json said (killed, interrupted, ...; fedray.driver.rounds.resume_state)
 
     @property
     def state_path(self) -> str:
@@ -106,7 +107,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
             raise ConfigError(f"--resume {str(resume)!r}: not a run directory (no config.yaml)")
         cfg = load_config(rd.path / "config.yaml")
         resumes = _resume_history(rd, log)  # refuses a run whose driver still lives
-        _check_resumable(rd, cfg)
+        check_resumable(rd, cfg, resumes[-1]["status"])
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
     if early is None:
@@ -143,7 +144,7 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         atomic_write_text(rd.path / "config.yaml", dump_config(cfg))
     rd.write_json("run.json", info)
     return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start,
-               trackers=trackers, t_data=t_data)
+               trackers=trackers, t_data=t_data, found=resumes[-1]["status"] if resumes else "")
 
 
 def _resume_history(rd: RunDir, log) -> list[dict]:
@@ -161,14 +162,27 @@ def _resume_history(rd: RunDir, log) -> list[dict]:
     return [*info.get("resumes", []), {"at": time.time(), "status": status, "reason": reason, "owner": owner}]
 
 
-def _check_resumable(rd: RunDir, cfg: ExperimentConfig) -> None:
-    """Recorded rounds and no checkpoint to go on from: refused here, before run.json is touched, so that it keeps
-    saying how the run ended (:func:`fedray.driver.rounds.resume_state` makes the same check, after the start)."""
-    recorded = rd.read_metrics()
-    if recorded and not (rd.path / "checkpoints" / "latest").is_file():
-        raise ConfigError(f"--resume {rd.path}: no checkpoint (checkpoints/latest) to continue the {len(recorded)} "
-                          f"recorded rounds from (output.checkpoint_every={cfg.output.checkpoint_every}); start over "
-                          f"with --overwrite")
+def check_resumable(rd: RunDir, cfg: ExperimentConfig, found: str) -> int:
+    """Whether a resume of ``rd`` (whose run.json said ``found``) has a state to go on from; the recorded rounds it
+    runs again from the initial state (0 when there is a checkpoint or nothing is recorded). Called before run.json
+    is touched (so that a refused run keeps saying how it ended) and by :func:`fedray.driver.rounds.resume_state`
+    after the start.
+
+    Rounds recorded after the newest checkpoint are run again (a round's checkpoint is written after its row).
+    Before the first checkpoint the initial state is that checkpoint: a driver killed after recording a round and
+    before checkpointing it, at the first round a checkpoint is due (``output.checkpoint_every``, or the last round
+    if sooner), leaves at most that many rounds and no checkpoint; they are run again. Anything else with recorded
+    rounds and no checkpoint (``output.checkpoint_every: 0``, checkpoints removed, a run that ended otherwise) is
+    refused rather than silently started over."""
+    recorded = len(rd.read_metrics())
+    if not recorded or (rd.path / "checkpoints" / "latest").is_file():
+        return 0
+    every = int(cfg.output.checkpoint_every)
+    first_due = min(every, int(cfg.train.rounds)) if every else 0
+    if found in ("killed", "running") and recorded <= first_due:  # "running": another host's driver, unchecked
+        return recorded
+    raise ConfigError(f"--resume {rd.path}: no checkpoint (checkpoints/latest) to continue the {recorded} recorded "
+                      f"rounds from (output.checkpoint_every={every}); start over with --overwrite")
 
 
 def fail_run(run: Run, engine, result: RunResult, log=print) -> None:

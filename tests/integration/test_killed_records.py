@@ -133,3 +133,25 @@ def test_a_killed_run_without_a_checkpoint_is_refused_and_its_record_kept(tmp_pa
     again = _fedray("run", str(cfg), "--quiet", "--overwrite")
     assert again.returncode == 0, again.stderr[-2000:]
     assert [row["round"] for row in RunDir(run_dir).read_metrics()] == [1, 2, 3]
+
+
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(tmp_path):
+    """SIGKILLed while writing its first checkpoint (output.checkpoint_every=2: after round 2's row): the initial state
+    is the only one to go on from, and the 2 recorded rounds are at most one checkpoint interval, so --resume runs
+    them again from the start (saying so) and ends with the weights of an uninterrupted run. The same kill with
+    a checkpoint every round (round 1's row, then its checkpoint) was refused before, and a test that SIGSTOPs a
+    driver at a random point hit it."""
+    cfg = write_tiny_config(tmp_path, rounds=3)
+    r = _fedray("run", str(cfg), "--quiet", "output.checkpoint_every=2", **{FAULT_ENV: "ckpt-*.npz@1=sigkill"})
+    assert r.returncode == -signal.SIGKILL, r.stdout[-2000:] + r.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "tiny"
+    assert [row["round"] for row in RunDir(run_dir).read_metrics()] == [1, 2]
+    assert not (run_dir / "checkpoints" / "latest").is_file()
+    res = _fedray("run", "--resume", str(run_dir))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "no checkpoint yet (output.checkpoint_every=2): its 2 recorded round(s) run again" in res.stdout
+    assert [row["round"] for row in RunDir(run_dir).read_metrics()] == [1, 2, 3]
+    resumed = RunDir(run_dir).read_json("summary.json")
+    plain = _fedray("run", str(cfg), "--quiet", "output.checkpoint_every=2", "output.root=" + str(tmp_path / "plain"))
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert resumed["weights_hash"] == RunDir(tmp_path / "plain" / "tiny").read_json("summary.json")["weights_hash"]
