@@ -175,7 +175,6 @@ class LossSum:
     def __init__(self, device: torch.device | str, rows: int | None = None, *, in_tensors: bool | None = None):
         # in_tensors: None = on a CUDA device only; True keeps tensor sums on any device (the tests compare both)
         self.on_device = torch.device(device).type == "cuda" if in_tensors is None else bool(in_tensors)
-        self.rows = rows
         if self.on_device:
             self.total: torch.Tensor | float | list[float] = torch.zeros(() if rows is None else (rows,),
                                                                          dtype=torch.float64, device=device)
