@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -252,9 +253,10 @@ def start_ray(sz: Sizes) -> None:
         ensure_ray(4 << 30, address="local", log_to_driver=False, configure_logging=False)
 
 
-def fedray_run(cfg: dict, sampler: GpuSampler | None = None, resume: str | None = None) -> dict:
+def fedray_run(cfg: dict, sampler: GpuSampler | None = None, resume: str | None = None, after_round=None) -> dict:
     """Run ``cfg`` (or resume a run directory) and summarise it: steady-state updates/s over rounds 2..R (round 1
-    holds the cold start: CUDA kernels, the workers' first touches), round 1, the GPU window of rounds 2..R."""
+    holds the cold start: CUDA kernels, the workers' first touches), round 1, the GPU window of rounds 2..R.
+    ``after_round(n)`` is called after the n-th round (1, 2, ...) ends."""
     from fedray.config import from_dict
     from fedray.driver.runner import run_experiment
 
@@ -262,6 +264,8 @@ def fedray_run(cfg: dict, sampler: GpuSampler | None = None, resume: str | None 
 
     def on_round(_report) -> bool:
         marks.append(time.monotonic())
+        if after_round is not None:
+            after_round(len(marks))
         return False
 
     t0 = time.monotonic()
@@ -281,15 +285,21 @@ def fedray_run(cfg: dict, sampler: GpuSampler | None = None, resume: str | None 
            "workers": rows[-1].get("workers") if rows else None}
     if rows and "split" in rows[-1]:
         per_iter, cl, sv = [], [], []
+        parts: dict[str, list[float]] = defaultdict(list)  # every timed part of a round, per local iteration
         for r in rows[1:] or rows:
             iters = int(r["split"]["iterations"])
             wall = float(r["wall_seconds"]) - float(r["seconds"].get("eval", 0.0))
             per_iter.append(wall / iters)
             cl.append(float(r["seconds"]["clients"]) / iters)
             sv.append(float(r["seconds"]["server"]) / iters)
+            timed = {k: float(v) for k, v in r["seconds"].items() if k != "eval"}
+            for k, v in timed.items():
+                parts[k].append(v / iters)
+            parts["untimed"].append((wall - sum(timed.values())) / iters)
         out.update(ms_per_iter=round(1000 * statistics.mean(per_iter), 2),
                    ms_clients_per_iter=round(1000 * statistics.mean(cl), 2),
-                   ms_server_per_iter=round(1000 * statistics.mean(sv), 2))
+                   ms_server_per_iter=round(1000 * statistics.mean(sv), 2),
+                   ms_parts_per_iter={k: round(1000 * statistics.mean(v), 2) for k, v in sorted(parts.items())})
     if sampler is not None:
         out["gpu"] = sampler.window(marks[0] if len(marks) > 1 else None, marks[-1] if marks else None)
     return out
@@ -438,6 +448,19 @@ def step_multiclient(args, sz: Sizes, rec: Record, work: Path) -> None:
                     cfg["train"]["rounds"] = sz.mc_rounds
                 attempt(rec, f"{wl}: multi_client {m}, 1 worker x 1 GPU", lambda c=cfg: fedray_run(c, sampler),
                         workload=wl, multi_client=m)
+    # where one worker's time goes on the FedRCL shape (run 3: one worker 0.85x the plain loop): an in-process
+    # run with rounds 2 and 3 under torch.profiler, the copies and synchronisations per client update
+    if over_budget(args):
+        rec.error("profile of the in-process FedRCL shape", TimeoutError("step budget spent: not started"))
+    else:
+        c = base_config(sz, "fedrcl", work / "mc-profile", backend="local", num_workers=1)
+        c["train"].update(local_epochs=1, rounds=4)
+        try:
+            rec.data["profile"] = run_profile(c, cuda_device(sz), per="client update")
+            rec.save()
+            print(f"[gpu_bench]   profile: {json.dumps(rec.data['profile']['per_unit'])}", flush=True)
+        except Exception as e:  # noqa: BLE001 - recorded, the step goes on
+            rec.error("profile of the in-process FedRCL shape", e)
     for wl, _ in plans:  # the default the figures suggest: the fastest m per model
         runs = [r for r in rec.data["runs"] if r["workload"] == wl]
         if runs:
@@ -585,25 +608,38 @@ def step_split(args, sz: Sizes, rec: Record, work: Path) -> None:
         rec.error("profile of the in-process SCALA", TimeoutError("step budget spent: not started"))
     else:
         c = base_config(sz, "scala", work / "split-profile", backend="local", num_workers=1)
-        c["train"]["rounds"] = 2
+        c["train"]["rounds"] = 4
+        c["eval"]["every"] = 10 ** 6  # rounds 2 and 3, profiled, evaluate nothing
         try:
-            rec.data["profile"] = split_profile(c, dev)
+            rec.data["profile"] = run_profile(c, dev, per="local iteration")
             rec.save()
-            print(f"[gpu_bench]   profile: {json.dumps(rec.data['profile']['per_iteration'])}", flush=True)
+            print(f"[gpu_bench]   profile: {json.dumps(rec.data['profile']['per_unit'])}", flush=True)
         except Exception as e:  # noqa: BLE001 - recorded, the step goes on
             rec.error("profile of the in-process SCALA", e)
 
 
-def split_profile(cfg: dict, dev) -> dict:
-    """An in-process SCALA run under ``torch.profiler``: per local iteration, the count of the calls that copy
-    between host and device or wait for the device, and the ops that take the most host and device time."""
+def run_profile(cfg: dict, dev, per: str) -> dict:
+    """An in-process run with rounds 2 and 3 under ``torch.profiler`` (round 1's cold start and the last round's
+    evaluation left out): per unit of work (``per``: a split program's "local iteration" or a "client update"),
+    the count of the calls that copy between host and device or wait for the device, and the ops that take the
+    most host and device time."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        res = fedray_run(cfg)
+    prof = profile(activities=acts)
+
+    def window(n: int) -> None:
+        if n == 1:
+            prof.start()
+        elif n == 3:
+            prof.stop()
+
+    res = fedray_run(cfg, after_round=window)
     rows = [json.loads(line) for line in open(Path(res["run_dir"]) / "metrics.jsonl")]
-    iters = sum(int(r["split"]["iterations"]) for r in rows if "split" in r)
+    if per == "local iteration":
+        units = sum(int(r["split"]["iterations"]) for r in rows[1:3] if "split" in r)
+    else:
+        units = sum(int(r.get("num_clients", 0)) for r in rows[1:3])
     events = prof.key_averages()
     watch = ("aten::to", "aten::_to_copy", "aten::copy_", "aten::item", "aten::_local_scalar_dense",
              "cudaMemcpyAsync", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaLaunchKernel")
@@ -620,8 +656,9 @@ def split_profile(cfg: dict, dev) -> dict:
         return [{"op": e.key, "calls": e.count, "self_ms": round(self_ms(e, kind), 2)} for e in ranked
                 if self_ms(e, kind) > 0]
 
-    return {"iterations": iters, "ms_per_iter_profiled": res.get("ms_per_iter"),
-            "per_iteration": {k: round(v / max(iters, 1), 1) for k, v in sorted(counts.items())},
+    secs = [float(r["wall_seconds"]) - float(r["seconds"].get("eval", 0.0)) for r in rows[1:3]]
+    return {"per": per, "units": units, "ms_per_unit_profiled": round(1000 * sum(secs) / max(units, 1), 2),
+            "per_unit": {k: round(v / max(units, 1), 1) for k, v in sorted(counts.items())},
             "top_host": top("cpu"), "top_device": top("device") if dev.type == "cuda" else []}
 
 

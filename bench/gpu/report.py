@@ -56,6 +56,22 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> list[str]:
     return out
 
 
+def _profile(pr: dict | None) -> list[str]:
+    """The lines of a step's in-process profile (runs 1-3 wrote ``iterations``/``per_iteration``, later runs
+    ``units``/``per_unit`` with what a unit is)."""
+    if not pr:
+        return []
+    per = pr.get("per", "local iteration")
+    units = pr.get("units", pr.get("iterations"))
+    ms = pr.get("ms_per_unit_profiled", pr.get("ms_per_iter_profiled"))
+    lines = [f"profile of the in-process run ({units} x {per}, {ms} ms each under the profiler), calls per {per}: "
+             f"{json.dumps(pr.get('per_unit', pr.get('per_iteration')))}"]
+    for kind in ("top_host", "top_device"):
+        if pr.get(kind):
+            lines.append(f"{kind}: " + ", ".join(f"{t['op']} {t['self_ms']} ms ({t['calls']})" for t in pr[kind]))
+    return lines
+
+
 def summary(outdir: str) -> str:
     d = Path(outdir)
     lines: list[str] = []
@@ -94,6 +110,7 @@ def summary(outdir: str) -> str:
                                     ("GPU util %", "gpu.util_mean_pct")])
         if m.get("fastest"):
             lines.append(f"fastest: {json.dumps(m['fastest'])}")
+        lines += _profile(m.get("profile"))
     dt = load("determinism")
     if dt:
         lines += _table(dt["runs"], [("run", "tag"), ("weights hash", "weights_hash"), ("updates/s", "updates_per_s"),
@@ -113,15 +130,11 @@ def summary(outdir: str) -> str:
         lines += _table(s["runs"], [("run", "tag"), ("ms / local iteration", "ms_per_iter"),
                                     ("ms clients", "ms_clients_per_iter"), ("ms server", "ms_server_per_iter"),
                                     ("GPU util %", "gpu.util_mean_pct")])
-        if s.get("profile"):
-            pr = s["profile"]
-            lines.append(f"profile of the in-process run ({pr['iterations']} iterations, "
-                         f"{pr.get('ms_per_iter_profiled')} ms each under the profiler), calls per iteration: "
-                         f"{json.dumps(pr['per_iteration'])}")
-            for kind in ("top_host", "top_device"):
-                if pr.get(kind):
-                    lines.append(f"{kind}: " + ", ".join(f"{t['op']} {t['self_ms']} ms ({t['calls']})"
-                                                         for t in pr[kind]))
+        for r in s["runs"]:
+            if r.get("ms_parts_per_iter"):
+                lines.append(f"{r.get('tag')}: ms per local iteration by part of the round: "
+                             f"{json.dumps(r['ms_parts_per_iter'])}")
+        lines += _profile(s.get("profile"))
     return "\n".join(lines)
 
 

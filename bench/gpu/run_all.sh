@@ -10,7 +10,7 @@
 # and puts it and the repository on PYTHONPATH. Then each step runs under its own time limit (`timeout`), writes its
 # figures to $OUT/<step>.json as it goes and its output to $OUT/run_all.log; a step that fails or runs out of time is
 # recorded and the next one starts. Steps and limits (seconds; about 9 minutes in all at most):
-#   env 30 | tests 60 | packing 170 | multiclient 70 | determinism 120 | oom 30 | split 90 (570 s at most;
+#   env 30 | tests 60 | packing 170 | multiclient 90 | determinism 120 | oom 30 | split 90 (590 s at most;
 #   the first GPU run, 2026-11-28, took 371 s: Ray starts in 5-11 s a run there)
 # FEDRAY_GPU_STEPS="env packing" runs only the steps named (a rerun of some with the minutes left);
 # FEDRAY_GPU_RUNTIME=PATH another runtime tarball (prepare.sh's PYVER=3.11 one, to try the GPU path here).
@@ -158,7 +158,7 @@ step tests 60 bash -c run_tests
 # 2-6. the measurements (bench/gpu/gpu_bench.py); --budget: no new run starts past it, so a step ends on its own
 step packing 170 "$PY" bench/gpu/gpu_bench.py packing --json "$OUT/packing.json" --budget $(( 140 * SCALE )) \
   --work "$WORK/packing" "${DRYFLAG[@]}"
-step multiclient 70 "$PY" bench/gpu/gpu_bench.py multiclient --json "$OUT/multiclient.json" --budget $(( 50 * SCALE )) \
+step multiclient 90 "$PY" bench/gpu/gpu_bench.py multiclient --json "$OUT/multiclient.json" --budget $(( 60 * SCALE )) \
   --work "$WORK/multiclient" "${DRYFLAG[@]}"
 step determinism 120 "$PY" bench/gpu/gpu_bench.py determinism --json "$OUT/determinism.json" \
   --budget $(( 100 * SCALE )) --work "$WORK/determinism" "${DRYFLAG[@]}"
