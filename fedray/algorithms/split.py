@@ -113,12 +113,15 @@ class SplitBatch:
         of the client's current minibatch."""
         rows = []
         dev = self.labels[0].device
+        if kind == "local":  # every client's counts cross to the device in one copy; checked on the host
+            counts_np = np.asarray(self.class_counts, dtype=np.float32)
+            counts_all = torch.as_tensor(counts_np, device=dev)
         for k, y in enumerate(self.labels):
             if kind == "local":
-                counts = torch.as_tensor(np.asarray(self.class_counts[k], dtype=np.float32), device=dev)
-                if float(counts.sum()) <= 0:  # a manifest without counts: fall back to the batch
+                if float(counts_np[k].sum()) <= 0:  # a manifest without counts: fall back to the batch
                     p = label_prior(y, self.num_classes)
                 else:
+                    counts = counts_all[k]
                     p = counts / counts.sum()
             else:
                 p = label_prior(y, self.num_classes)
@@ -143,9 +146,14 @@ class IterationResult:
 
 
 def _row_ce(z: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> list[float]:
+    """Each client's mean cross-entropy over its rows (NaN for a client without rows), read from the device
+    in one transfer: one synchronisation an iteration, not one a client."""
     with torch.no_grad():
         per = F.cross_entropy(z.detach().float(), y, reduction="none")
-        return [float(t.mean()) if t.numel() else math.nan for t in torch.split(per, sizes, 0)]
+        parts = torch.split(per, sizes, 0)
+        means = [t.mean() for t in parts if t.numel()]
+        got = iter(torch.stack(means).tolist() if means else [])
+        return [next(got) if t.numel() else math.nan for t in parts]
 
 
 @dataclass(frozen=True)
@@ -305,8 +313,8 @@ class Scala(SplitAlgorithm):
         if p["grad_scale"] == "client":
             total = float(sum(batch.sizes))
             rows = [g * (total / g.shape[0]) for g in rows]
-        return IterationResult(rows, float(loss_s.detach()), _row_ce(z, y, batch.sizes),
-                               {"client_loss": float(loss_c.detach())})
+        server_loss, client_loss = torch.stack([loss_s.detach(), loss_c.detach()]).tolist()  # one device read
+        return IterationResult(rows, server_loss, _row_ce(z, y, batch.sizes), {"client_loss": client_loss})
 
 
 @register

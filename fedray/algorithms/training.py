@@ -122,7 +122,7 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
     batches of that stream instead (:func:`batch_schedule`); ``loss_fn(model, x, y)`` per batch,
     optional gradient-norm clipping, one optimizer step. Returns the sample-weighted mean loss.
     """
-    from fedray.data.loader import to_float
+    from fedray.data.loader import train_batch
 
     model = ctx.model
     model.train()
@@ -136,15 +136,10 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
     labels = ctx.labels
     on_device = ctx.device.type != "cpu"
     for idx in batch_schedule(ctx):
-        xb = torch.from_numpy(images[idx])
+        xb = train_batch(torch.from_numpy(images[idx]), ctx.meta, ctx.normalize, ctx.device, ctx.augment, gen)
         yb = torch.from_numpy(labels[idx])
-        if ctx.augment is not None:  # on the CPU, with its CPU generator (the same bits on every device)
-            xb = ctx.augment(to_float(xb, ctx.meta, ctx.normalize), gen)
         if on_device:
-            xb = xb.to(ctx.device, non_blocking=True)
             yb = yb.to(ctx.device, non_blocking=True)
-        if ctx.augment is None:  # after the copy: uint8 crosses the bus (a quarter of float32's bytes), as in
-            xb = to_float(xb, ctx.meta, ctx.normalize)  # iterate_batches; IEEE arithmetic: the CPU's numbers
         opt.zero_grad()
         loss = loss_fn(model, xb, yb)
         if prox is not None:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .table import DatasetMeta, DataError
 
-__all__ = ["Augment", "iterate_batches", "to_float"]
+__all__ = ["Augment", "iterate_batches", "to_float", "train_batch"]
 
 _STATS_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -65,6 +65,23 @@ def to_float(x: torch.Tensor, meta: DatasetMeta, normalize: bool) -> torch.Tenso
             raise DataError(f"{meta.name}: normalisation needs a batch of shape (B, C, ...), got {tuple(x.shape)}")
         mean, std = _stats(meta, x.shape[1], x.dim(), x.device)
         x = (x - mean) / std
+    return x
+
+
+def train_batch(x: torch.Tensor, meta: DatasetMeta, normalize: bool, device: torch.device, augment=None,
+                gen: torch.Generator | None = None) -> torch.Tensor:
+    """A stored training batch as float32 on ``device``, augmented if ``augment`` is given.
+
+    With augmentation, conversion and augmentation run on the CPU with the CPU generator ``gen`` (the same
+    bits on every device) and the float batch is copied. Without, the stored batch crosses to the device as
+    it is (uint8: a quarter of float32's bytes) and :func:`to_float` runs there (IEEE arithmetic: the CPU's
+    numbers). The copy is ``non_blocking``: the host queues the next work while it runs."""
+    if augment is not None:
+        x = augment(to_float(x, meta, normalize), gen)
+    if device.type != "cpu":
+        x = x.to(device, non_blocking=True)
+    if augment is None:
+        x = to_float(x, meta, normalize)
     return x
 
 

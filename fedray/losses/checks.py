@@ -40,7 +40,7 @@ def _check_labels(labels, name: str, n: int | None, n_name: str = "the batch") -
 def _check_label_range(labels: torch.Tensor, name: str, num_classes: int) -> None:
     if labels.numel() == 0:
         return
-    lo, hi = int(labels.min()), int(labels.max())
+    lo, hi = torch.stack([labels.min(), labels.max()]).tolist()  # one read from the device, not two
     if lo < 0 or hi >= num_classes:
         raise ValueError(f"{name} must lie in [0, {num_classes}), got values in [{lo}, {hi}]")
 

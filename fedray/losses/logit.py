@@ -160,10 +160,12 @@ def logit_adjusted_ce(
         )
     z = _work(logits)
     p = prior.detach().to(device=z.device, dtype=z.dtype)
-    if bool((p < 0).any()) or not bool(torch.isfinite(p).all()):
-        raise ValueError("prior must be finite and non-negative")
     total = p.sum(dim=-1, keepdim=True)
-    if bool((total <= 0).any()):
+    # both checks in one read from the device (on a GPU each read is a synchronisation)
+    negative, not_finite, no_mass = torch.stack([(p < 0).any(), ~torch.isfinite(p).all(), (total <= 0).any()]).tolist()
+    if negative or not_finite:
+        raise ValueError("prior must be finite and non-negative")
+    if no_mass:
         raise ValueError("every row of prior must have a positive sum (a distribution over classes)")
     p = p / total
     adj = torch.log(p.clamp(min=eps))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.data.loader import Augment, iterate_batches, to_float
+from fedray.data.loader import Augment, iterate_batches, to_float, train_batch
 from fedray.data.table import DataError, DatasetMeta
 
 
@@ -27,6 +27,19 @@ def test_to_float_bit_exact_and_normalize():
     rgb = DatasetMeta("rgb", 10, (3, 4, 4), mean=(0.5, 0.4), std=(0.2, 0.2))
     with pytest.raises(DataError, match="channels"):
         to_float(torch.zeros(2, 3, 4, 4), rgb, normalize=True)
+
+
+def test_train_batch_converts_then_augments_with_the_generator_on_the_cpu():
+    meta = DatasetMeta("toy", 10, (1, 4, 4), mean=(0.5,), std=(0.25,))
+    x = torch.from_numpy(np.arange(64, dtype=np.uint8).reshape(4, 1, 4, 4))
+    cpu = torch.device("cpu")
+    plain = train_batch(x, meta, True, cpu)
+    assert torch.equal(plain, to_float(x, meta, True))
+    aug = Augment(crop_pad=1, flip=True)
+    got = train_batch(x, meta, True, cpu, aug, torch.Generator().manual_seed(3))
+    ref = aug(to_float(x, meta, True), torch.Generator().manual_seed(3))
+    assert got.dtype == torch.float32 and torch.equal(got, ref)
+    assert not torch.equal(got, plain)  # the augmentation ran
 
 
 def test_iterate_batches_order_and_sizes():

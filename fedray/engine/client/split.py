@@ -22,7 +22,7 @@ from torch.func import functional_call
 from fedray.algorithms.base import ClientContext
 from fedray.algorithms.training import make_optimizer
 from fedray.core.seeds import seed_of, seeded
-from fedray.data.loader import to_float
+from fedray.data.loader import train_batch
 from fedray.engine.outcomes import SplitOutcome, error_text, is_fatal
 from fedray.engine.split_layout import SplitPlan, batch_plan, has_dropout, views
 
@@ -183,13 +183,12 @@ class SplitRuntime:
     def _forward(self, st: _ClientRun, j: int) -> tuple[np.ndarray, np.ndarray]:
         k, ctx, dev = self.k, st.ctx, self.replica.device
         idx = st.plan[j]
-        xb = to_float(torch.from_numpy(np.ascontiguousarray(ctx.images[idx])), ctx.meta, ctx.normalize)
+        xb = train_batch(torch.from_numpy(np.ascontiguousarray(ctx.images[idx])), ctx.meta, ctx.normalize, dev,
+                         ctx.augment, st.gen)
         y_np = np.ascontiguousarray(ctx.labels[idx], dtype=np.int64)
         yb = torch.from_numpy(y_np.copy())
-        if ctx.augment is not None:
-            xb = ctx.augment(xb, st.gen)
         if dev.type != "cpu":
-            xb, yb = xb.to(dev), yb.to(dev)
+            yb = yb.to(dev, non_blocking=True)
         k.client.train()
         with seeded(k.has_dropout, seed_of(ctx.rng("dropout", j)), dev):
             out = functional_call(k.client, k.client_tensors(st.p, st.f), (xb,))

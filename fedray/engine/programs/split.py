@@ -163,13 +163,16 @@ class SplitProgram:
         """Concatenate the group's uploads in sampled order, run the algorithm's server iteration; returns
         each client's gradient rows (None for methods without gradient returns)."""
         algo, dev = self.algorithm, self.server.device
-        acts, labels = [], []
         for p in group:
-            o = outs[p]
-            r.nbytes["activations"] += int(o.activations.nbytes)
-            r.nbytes["labels"] += int(o.labels.nbytes)
-            acts.append(torch.tensor(o.activations, device=dev))
-            labels.append(torch.tensor(o.labels, dtype=torch.int64, device=dev))
+            r.nbytes["activations"] += int(outs[p].activations.nbytes)
+            r.nbytes["labels"] += int(outs[p].labels.nbytes)
+        # the uploads are joined on the host and cross to the device in one copy per tensor (on a GPU, one
+        # transfer instead of two a client); each client's rows are views of it, the same values
+        rows = [int(outs[p].labels.shape[0]) for p in group]
+        a_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].activations, np.float32) for p in group]))
+        y_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].labels, np.int64) for p in group]))
+        acts = list(torch.split(a_all.to(dev), rows, 0))
+        labels = list(torch.split(y_all.to(dev), rows, 0))
         cids = [int(r.sampled[p]) for p in group]
         batch = SplitBatch(positions=list(group), cids=cids, activations=acts, labels=labels,
                            class_counts=self.class_counts[cids], num_classes=self.num_classes)
@@ -184,8 +187,11 @@ class SplitProgram:
             return None
         if res.grads is None or len(res.grads) != len(group):
             raise RuntimeError(f"{algo.name}.server_iteration returned no gradient rows for every client")
-        grads = {p: np.ascontiguousarray(g.detach().to("cpu").numpy(), dtype=np.float32)
-                 for p, g in zip(group, res.grads)}
+        # one transfer to the host for every client's rows, then a copy of each client's block (its own buffer
+        # on the wire and in the replay history)
+        g_all = torch.cat([g.detach().to(torch.float32) for g in res.grads], 0).to("cpu").numpy()
+        cuts = np.cumsum([int(g.shape[0]) for g in res.grads])[:-1]
+        grads = {p: np.array(g, dtype=np.float32, copy=True) for p, g in zip(group, np.split(g_all, cuts, 0))}
         r.nbytes["gradients"] += int(sum(g.nbytes for g in grads.values()))
         return grads
 

@@ -192,3 +192,14 @@ def test_worker_killed_during_split_iteration_is_recovered(tmp_path, partition_c
     assert faulty.rounds[1]["worker_restarts"] == 1
     lost = [r for r in RunDir(faulty.run_dir).read_ledger().to_pylist() if r["failure"]]
     assert lost and all(r["round"] == 2 and "worker lost" in r["failure"] for r in lost)
+
+
+def test_row_ce_gives_each_clients_mean_and_nan_for_a_client_without_rows():
+    from fedray.algorithms.split import _row_ce
+
+    g = torch.Generator().manual_seed(5)
+    z, y = torch.randn(7, 4, generator=g), torch.randint(0, 4, (7,), generator=g)
+    per = F.cross_entropy(z, y, reduction="none")
+    got = _row_ce(z, y, [3, 0, 4])
+    assert got[0] == float(per[:3].mean()) and math.isnan(got[1]) and got[2] == float(per[3:].mean())
+    assert _row_ce(z, y, [7]) == [float(per.mean())]
