@@ -118,6 +118,7 @@ class Record:
 
     def __init__(self, path: str, step: str, sz: Sizes):
         self.path = path
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.data = {"step": step, "dry_run": sz.dry, "status": "running", "started": time.strftime("%H:%M:%S"),
                      "env": environment(), "runs": [], "errors": []}
         self.save()
@@ -435,17 +436,6 @@ def step_packing(args, sz: Sizes, rec: Record, work: Path) -> None:
 def step_multiclient(args, sz: Sizes, rec: Record, work: Path) -> None:
     start_ray(sz)
     plans = [("fedrcl", [1, 5]), ("w1", [1, 10, 5])]  # the large model first: the figure a GPU changes most
-    # where one worker's time goes on the FedRCL shape (run 3: one worker 0.85x the plain loop): an in-process
-    # run with round 2 under torch.profiler, the copies and synchronisations per client update. First in the
-    # step: run 4 started it after the other runs and the step's time limit cut it off
-    c = base_config(sz, "fedrcl", work / "mc-profile", backend="local", num_workers=1)
-    c["train"].update(local_epochs=1, rounds=3)
-    try:
-        rec.data["profile"] = run_profile(c, cuda_device(sz), per="client update", rounds=1)
-        rec.save()
-        print(f"[gpu_bench]   profile: {json.dumps(rec.data['profile']['per_unit'])}", flush=True)
-    except Exception as e:  # noqa: BLE001 - recorded, the step goes on
-        rec.error("profile of the in-process FedRCL shape", e)
     with GpuSampler() as sampler:
         for wl, ms in plans:
             for m in ms:
@@ -660,8 +650,33 @@ def run_profile(cfg: dict, dev, per: str, rounds: int = 2) -> dict:
             "top_host": top("cpu"), "top_device": top("device") if dev.type == "cuda" else []}
 
 
+def step_profile(args, sz: Sizes, rec: Record, work: Path) -> None:
+    """In-process runs under ``torch.profiler``, no Ray (so it runs beside bench/gpu/fidelity.py, whose data leaves
+    no room for the carried Ray): the FedRCL shape (round 2 of 3, 1 local epoch; run 3 had one fedray worker at
+    0.85x the plain loop) per client update, then SCALA (rounds 2 and 3 of 4) per local iteration."""
+    dev = cuda_device(sz)
+    c = base_config(sz, "fedrcl", work / "profile-fedrcl", backend="local", num_workers=1)
+    c["train"].update(local_epochs=1, rounds=3)
+    jobs = [("fedrcl", c, "client update", 1)]
+    c2 = base_config(sz, "scala", work / "profile-scala", backend="local", num_workers=1)
+    c2["train"]["rounds"] = 4
+    c2["eval"]["every"] = 10 ** 6
+    jobs.append(("scala", c2, "local iteration", 2))
+    for key, cfg, per, rounds in jobs:
+        if over_budget(args):
+            rec.error(f"profile of the in-process {key}", TimeoutError("step budget spent: not started"))
+            continue
+        try:
+            rec.data.setdefault("profiles", {})[key] = run_profile(cfg, dev, per=per, rounds=rounds)
+            rec.save()
+            print(f"[gpu_bench]   profile {key}: {json.dumps(rec.data['profiles'][key]['per_unit'])}", flush=True)
+        except Exception as e:  # noqa: BLE001 - recorded, the step goes on
+            rec.error(f"profile of the in-process {key}", e)
+        release_cuda()
+
+
 STEPS = {"packing": step_packing, "multiclient": step_multiclient, "determinism": step_determinism,
-         "oom": step_oom, "split": step_split}
+         "oom": step_oom, "split": step_split, "profile": step_profile}
 
 
 def main(argv=None) -> int:

@@ -125,6 +125,10 @@ def summary(outdir: str) -> str:
         for r in o["runs"]:
             if r.get("error_line") or r.get("error_tail"):
                 lines.append(f"error: {(r.get('error_line') or r['error_tail'][-600:])[:600]}")
+    pf = load("profile") if (d / "profile.json").is_file() else None  # a step of its own, not run_all's
+    if pf:
+        for key, pr in (pf.get("profiles") or {}).items():
+            lines += [f"{key}:"] + _profile(pr)
     s = load("split")
     if s:
         lines += _table(s["runs"], [("run", "tag"), ("ms / local iteration", "ms_per_iter"),
