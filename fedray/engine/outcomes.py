@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 import traceback
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedray.core.errors import ConfigError, TransientError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DETERMINISM_HINT", "GPU_OOM_HINT", "ClientOutcome", "EvalOutcome", "GroupOutcome", "InStore",
            "SplitOutcome", "WorkerLost", "error_hint", "error_text", "is_fatal"]
@@ -91,8 +95,8 @@ class SplitOutcome:
 
     pos: int
     cid: int
-    activations: np.ndarray | None = None
-    labels: np.ndarray | None = None
+    activations: np.ndarray | torch.Tensor | None = None  # a tensor where the worker shares the coordinator's process
+    labels: np.ndarray | torch.Tensor | None = None
     weights: np.ndarray | None = None
     num_samples: int = 0
     loss: float = math.nan

@@ -130,8 +130,13 @@ class LocalPool(PoolBase):
 
     def __init__(self, spec: WorkerSpec, num_workers: int):
         self.spec = spec
-        self.workers = [ClientWorker(spec, f"w{i}") for i in range(num_workers)]
+        self.workers = [self._worker(f"w{i}") for i in range(num_workers)]
         self.restarts = 0
+
+    def _worker(self, name: str) -> ClientWorker:
+        w = ClientWorker(self.spec, name)
+        w.in_process = True
+        return w
 
     @property
     def size(self) -> int:  # type: ignore[override]  # PoolBase's fakes set it; this pool counts its workers
@@ -162,7 +167,7 @@ class LocalPool(PoolBase):
 
     def replace(self, widx: int) -> bool:
         """A new in-process worker in slot ``widx``, at once: True (the slot is usable again)."""
-        self.workers[widx] = ClientWorker(self.spec, f"w{widx}.{self.restarts + 1}")
+        self.workers[widx] = self._worker(f"w{widx}.{self.restarts + 1}")
         self.restarts += 1
         return True
 

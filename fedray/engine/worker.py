@@ -42,6 +42,9 @@ class ClientWorker:
             importlib.import_module(module)
         self.name = name
         self.spec: WorkerSpec | None = None
+        # set by LocalPool: this worker lives in the coordinator's process, so a split task hands its activations
+        # over as tensors where they are (on a GPU: no copy through host memory) instead of numpy arrays
+        self.in_process = False
         self._federated: Any = None  # the client runtimes (torch-side), built at their first task
         self._split: Any = None
         if spec is not None:
@@ -108,5 +111,5 @@ class ClientWorker:
         if self._split is None:
             from fedray.engine.client.split import SplitRuntime
 
-            self._split = SplitRuntime(self.replica, self.states, self.faults, self.name)
+            self._split = SplitRuntime(self.replica, self.states, self.faults, self.name, tensors=self.in_process)
         return self._split.step(rnd, it, init, payload, items, grads, replay)

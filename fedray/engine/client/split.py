@@ -74,8 +74,9 @@ def _rows(grads, pos):
 class SplitRuntime:
     """Runs split tasks on one worker's replica (see the module docstring)."""
 
-    def __init__(self, replica, states, faults, name: str):
+    def __init__(self, replica, states, faults, name: str, tensors: bool = False):
         self.replica, self.states, self.faults, self.name = replica, states, faults, name
+        self.tensors = tensors  # hand activations and labels over as tensors (a worker in the coordinator's process)
         self.k = _Constants(replica)
         self.rnd: int | None = None
         self.clients: dict[int, _ClientRun] = {}
@@ -180,7 +181,7 @@ class SplitRuntime:
             torch.nn.utils.clip_grad_norm_([st.p], float(clip))
         st.opt.step()
 
-    def _forward(self, st: _ClientRun, j: int) -> tuple[np.ndarray, np.ndarray]:
+    def _forward(self, st: _ClientRun, j: int) -> tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]:
         k, ctx, dev = self.k, st.ctx, self.replica.device
         idx = st.plan[j]
         xb = train_batch(torch.from_numpy(np.ascontiguousarray(ctx.images[idx])), ctx.meta, ctx.normalize, dev,
@@ -207,6 +208,8 @@ class SplitRuntime:
         st.next_it = j + 1
         st.samples += int(yb.shape[0])
         act = out.detach()
+        if self.tensors:  # the coordinator reads them in this process, on this device; nothing writes them again
+            return act, yb
         act = act.to("cpu").numpy() if act.device.type != "cpu" else act.numpy().copy()
         return act, y_np
 
@@ -217,7 +220,10 @@ class SplitRuntime:
             raise SplitStateLost(f"client {st.ctx.cid}: no forward pass is waiting for gradient rows")
         if g is None:
             raise ValueError(f"client {st.ctx.cid}: the coordinator sent no gradient rows")
-        gt = torch.tensor(np.asarray(g, dtype=np.float32), device=self.replica.device)
+        if torch.is_tensor(g):  # rows handed over in this process (SplitRuntime.tensors)
+            gt = g.detach().to(device=self.replica.device, dtype=torch.float32)
+        else:
+            gt = torch.tensor(np.asarray(g, dtype=np.float32), device=self.replica.device)
         if tuple(gt.shape) != tuple(st.pending.shape):
             raise ValueError(f"client {st.ctx.cid}: gradient rows of shape {tuple(gt.shape)} for activations "
                              f"of shape {tuple(st.pending.shape)}")

@@ -169,8 +169,13 @@ class SplitProgram:
         # the uploads are joined on the host and cross to the device in one copy per tensor (on a GPU, one
         # transfer instead of two a client); each client's rows are views of it, the same values
         rows = [int(outs[p].labels.shape[0]) for p in group]
-        a_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].activations, np.float32) for p in group]))
-        y_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].labels, np.int64) for p in group]))
+        handed = all(torch.is_tensor(outs[p].activations) for p in group)  # workers in this process (LocalPool)
+        if handed:  # tensors where the clients computed them: joined there, nothing crosses host memory
+            a_all = torch.cat([outs[p].activations.to(torch.float32) for p in group]).to(dev)
+            y_all = torch.cat([outs[p].labels.to(torch.int64) for p in group]).to(dev)
+        else:
+            a_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].activations, np.float32) for p in group]))
+            y_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].labels, np.int64) for p in group]))
         acts = list(torch.split(a_all.to(dev), rows, 0))
         labels = list(torch.split(y_all.to(dev), rows, 0))
         cids = [int(r.sampled[p]) for p in group]
@@ -187,11 +192,13 @@ class SplitProgram:
             return None
         if res.grads is None or len(res.grads) != len(group):
             raise RuntimeError(f"{algo.name}.server_iteration returned no gradient rows for every client")
-        # one transfer to the host for every client's rows, then a copy of each client's block (its own buffer
-        # on the wire and in the replay history)
-        g_all = torch.cat([g.detach().to(torch.float32) for g in res.grads], 0).to("cpu").numpy()
-        cuts = np.cumsum([int(g.shape[0]) for g in res.grads])[:-1]
-        grads = {p: np.array(g, dtype=np.float32, copy=True) for p, g in zip(group, np.split(g_all, cuts, 0))}
+        if handed:  # back the way the activations came: tensors on the device, for workers in this process
+            grads = {p: g.detach().to(torch.float32) for p, g in zip(group, res.grads)}
+        else:  # one transfer to the host for every client's rows, then a copy of each client's block (its own
+            # buffer on the wire and in the replay history)
+            g_all = torch.cat([g.detach().to(torch.float32) for g in res.grads], 0).to("cpu").numpy()
+            cuts = np.cumsum([int(g.shape[0]) for g in res.grads])[:-1]
+            grads = {p: np.array(g, dtype=np.float32, copy=True) for p, g in zip(group, np.split(g_all, cuts, 0))}
         r.nbytes["gradients"] += int(sum(g.nbytes for g in grads.values()))
         return grads
 

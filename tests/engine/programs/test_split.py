@@ -203,3 +203,28 @@ def test_row_ce_gives_each_clients_mean_and_nan_for_a_client_without_rows():
     got = _row_ce(z, y, [3, 0, 4])
     assert got[0] == float(per[:3].mean()) and math.isnan(got[1]) and got[2] == float(per[3:].mean())
     assert _row_ce(z, y, [7]) == [float(per.mean())]
+
+
+def test_in_process_workers_hand_activations_and_gradients_over_as_tensors(tmp_path, partition_cache, monkeypatch):
+    """LocalPool's workers share the coordinator's process: their activations and labels reach the server, and the
+    gradient rows the clients, as tensors (on a GPU, no copy through host memory); Ray's arrive as numpy arrays
+    (test_ray_two_workers_match_local_bit_for_bit: the same weights either way)."""
+    from fedray.engine.client.split import SplitRuntime
+    from fedray.engine.programs.split import SplitProgram
+
+    uploads, rows = [], []
+    serve, backward = SplitProgram._server_iteration, SplitRuntime._backward
+
+    def spy_serve(self, r, group, outs, step):
+        uploads.append({(type(outs[p].activations), type(outs[p].labels)) for p in group})
+        return serve(self, r, group, outs, step)
+
+    def spy_backward(self, st, g):
+        rows.append(type(g))
+        return backward(self, st, g)
+
+    monkeypatch.setattr(SplitProgram, "_server_iteration", spy_serve)
+    monkeypatch.setattr(SplitRuntime, "_backward", spy_backward)
+    _run(_cfg(tmp_path, partition_cache, "scala", train__rounds=1))
+    assert uploads and all(u == {(torch.Tensor, torch.Tensor)} for u in uploads)
+    assert rows and all(t is torch.Tensor for t in rows)
