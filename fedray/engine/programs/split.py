@@ -166,14 +166,14 @@ class SplitProgram:
         for p in group:
             r.nbytes["activations"] += int(outs[p].activations.nbytes)
             r.nbytes["labels"] += int(outs[p].labels.nbytes)
-        # the uploads are joined on the host and cross to the device in one copy per tensor (on a GPU, one
-        # transfer instead of two a client); each client's rows are views of it, the same values
+        # the uploads are joined, then cross to the server's device in one copy per tensor (on a GPU, one
+        # transfer instead of two a client); each client's rows are views of the joined tensor, the same values
         rows = [int(outs[p].labels.shape[0]) for p in group]
         handed = all(torch.is_tensor(outs[p].activations) for p in group)  # workers in this process (LocalPool)
         if handed:  # tensors where the clients computed them: joined there, nothing crosses host memory
             a_all = torch.cat([outs[p].activations.to(torch.float32) for p in group]).to(dev)
             y_all = torch.cat([outs[p].labels.to(torch.int64) for p in group]).to(dev)
-        else:
+        else:  # numpy arrays from Ray workers: joined on the host
             a_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].activations, np.float32) for p in group]))
             y_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].labels, np.int64) for p in group]))
         acts = list(torch.split(a_all.to(dev), rows, 0))
