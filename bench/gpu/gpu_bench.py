@@ -657,21 +657,33 @@ def step_profile(args, sz: Sizes, rec: Record, work: Path) -> None:
     dev = cuda_device(sz)
     c = base_config(sz, "fedrcl", work / "profile-fedrcl", backend="local", num_workers=1)
     c["train"].update(local_epochs=1, rounds=3)
-    jobs = [("fedrcl", c, "client update", 1)]
+    import copy
+
+    from fedray.data import loader
+
+    resident = loader.RESIDENT_BYTES
+    c1 = copy.deepcopy(c)
+    c1["output"]["root"] = str(work / "profile-fedrcl-per-batch")
+    # fedray as it is (a client's rows on the GPU once, batches gathered there), then each batch copied from the
+    # host as before (loader.RESIDENT_BYTES = 0): the two side by side
+    jobs = [("fedrcl", c, "client update", 1, resident), ("fedrcl-per-batch", c1, "client update", 1, 0)]
     c2 = base_config(sz, "scala", work / "profile-scala", backend="local", num_workers=1)
     c2["train"]["rounds"] = 4
     c2["eval"]["every"] = 10 ** 6
-    jobs.append(("scala", c2, "local iteration", 2))
-    for key, cfg, per, rounds in jobs:
+    jobs.append(("scala", c2, "local iteration", 2, resident))
+    for key, cfg, per, rounds, nbytes in jobs:
         if over_budget(args):
             rec.error(f"profile of the in-process {key}", TimeoutError("step budget spent: not started"))
             continue
+        loader.RESIDENT_BYTES = nbytes
         try:
             rec.data.setdefault("profiles", {})[key] = run_profile(cfg, dev, per=per, rounds=rounds)
             rec.save()
             print(f"[gpu_bench]   profile {key}: {json.dumps(rec.data['profiles'][key]['per_unit'])}", flush=True)
         except Exception as e:  # noqa: BLE001 - recorded, the step goes on
             rec.error(f"profile of the in-process {key}", e)
+        finally:
+            loader.RESIDENT_BYTES = resident
         release_cuda()
 
 

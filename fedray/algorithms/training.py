@@ -122,7 +122,7 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
     batches of that stream instead (:func:`batch_schedule`); ``loss_fn(model, x, y)`` per batch,
     optional gradient-norm clipping, one optimizer step. Returns the sample-weighted mean loss.
     """
-    from fedray.data.loader import train_batch
+    from fedray.data.loader import train_batches
 
     model = ctx.model
     model.train()
@@ -132,14 +132,8 @@ def local_sgd(ctx: ClientContext, loss_fn: Callable, *, after_step: Callable | N
     t = ctx.train
     gen = ctx.torch_generator("augment") if ctx.augment is not None else None
     total, seen = LossSum(ctx.device), 0
-    images = ctx.images
-    labels = ctx.labels
-    on_device = ctx.device.type != "cpu"
-    for idx in batch_schedule(ctx):
-        xb = train_batch(torch.from_numpy(images[idx]), ctx.meta, ctx.normalize, ctx.device, ctx.augment, gen)
-        yb = torch.from_numpy(labels[idx])
-        if on_device:
-            yb = yb.to(ctx.device, non_blocking=True)
+    for xb, yb in train_batches(ctx.images, ctx.labels, batch_schedule(ctx), ctx.meta, ctx.normalize, ctx.device,
+                                ctx.augment, gen):
         opt.zero_grad()
         loss = loss_fn(model, xb, yb)
         if prox is not None:

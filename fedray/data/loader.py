@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .table import DatasetMeta, DataError
 
-__all__ = ["Augment", "iterate_batches", "to_float", "train_batch"]
+__all__ = ["Augment", "RESIDENT_BYTES", "iterate_batches", "to_float", "train_batch", "train_batches"]
 
 _STATS_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -83,6 +83,45 @@ def train_batch(x: torch.Tensor, meta: DatasetMeta, normalize: bool, device: tor
     if augment is None:
         x = to_float(x, meta, normalize)
     return x
+
+
+# a client's stored rows up to this size go to an accelerator once, and its batches are gathered there (0: never)
+RESIDENT_BYTES = 64 << 20
+
+
+def train_batches(images: np.ndarray, labels: np.ndarray, schedule, meta: DatasetMeta, normalize: bool,
+                  device: torch.device, augment=None, gen: torch.Generator | None = None,
+                  resident: bool | None = None):
+    """``(x, y)`` on ``device`` for each index array of ``schedule``: the batches :func:`train_batch` makes of
+    ``images[idx]``, ``labels[idx]``, the same values.
+
+    On an accelerator without augmentation, a client whose rows hold at most :data:`RESIDENT_BYTES` is copied to
+    the device once (as stored: uint8 stays uint8), with every index of the schedule in one more copy, and each
+    batch is gathered and converted there, as a plain PyTorch loop that moves a client's data once does: no
+    copy from pageable host memory (which the host waits for) at every step. Otherwise each batch is gathered on
+    the host and copied (:func:`train_batch`). ``resident`` forces the one way or the other (tests)."""
+    on_device = device.type != "cpu"
+    if resident is None:
+        resident = on_device and augment is None and 0 < images.nbytes <= RESIDENT_BYTES
+    if resident and augment is not None:
+        raise ValueError("train_batches: augmented batches are made on the host (the CPU generator's bits)")
+    if resident:
+        steps = [np.asarray(idx, dtype=np.int64) for idx in schedule]
+        if not steps:
+            return
+        x_dev = torch.from_numpy(np.array(images)).to(device)  # np.array: a writable copy of the mapped rows
+        y_dev = torch.from_numpy(np.array(labels)).to(device)
+        all_idx = torch.from_numpy(np.concatenate(steps)).to(device)
+        at = 0
+        for idx in steps:
+            sel = all_idx[at:at + idx.size]
+            at += idx.size
+            yield to_float(x_dev.index_select(0, sel), meta, normalize), y_dev.index_select(0, sel)
+        return
+    for idx in schedule:
+        xb = train_batch(torch.from_numpy(images[idx]), meta, normalize, device, augment, gen)
+        yb = torch.from_numpy(labels[idx])
+        yield xb, (yb.to(device, non_blocking=True) if on_device else yb)
 
 
 class Augment:

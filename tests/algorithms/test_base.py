@@ -238,3 +238,30 @@ def test_loss_sums_kept_in_tensors_are_the_hosts_numbers():
         rows_h.add_rows(v, c)
         rows_t.add_rows(v, c)
     assert [rows_h.value(r) for r in range(5)] == [rows_t.value(r) for r in range(5)]
+
+
+def test_local_training_on_batches_gathered_on_the_device_gives_the_same_weights(tmp_path, partition_cache,
+                                                                                 monkeypatch):
+    """local_sgd's batches gathered from a client's rows copied to the device once (what an accelerator gets,
+    loader.train_batches) train to the same weights as batches copied one by one: forced on the CPU here."""
+    from fedray.config import from_dict
+    from fedray.data import loader
+    from fedray.driver.runner import run_experiment
+    from tests.helpers import small_config
+
+    def run(tag, resident):
+        original = loader.train_batches
+        calls = []
+
+        def forced(*a, **k):
+            calls.append(resident)
+            return original(*a, **{**k, "resident": resident})
+
+        monkeypatch.setattr(loader, "train_batches", forced)
+        cfg = small_config(tmp_path / tag, partition_cache)
+        cfg["train"]["rounds"] = 2
+        r = run_experiment(from_dict(cfg), progress=False, log=lambda *a: None)
+        assert calls and set(calls) == {resident}
+        return r.weights_hash, [row["loss"] for row in r.rounds]
+
+    assert run("gathered", True) == run("copied", False)

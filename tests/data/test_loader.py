@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.data.loader import Augment, iterate_batches, to_float, train_batch
+from fedray.data.loader import Augment, iterate_batches, to_float, train_batch, train_batches
 from fedray.data.table import DataError, DatasetMeta
 
 
@@ -40,6 +40,25 @@ def test_train_batch_converts_then_augments_with_the_generator_on_the_cpu():
     ref = aug(to_float(x, meta, True), torch.Generator().manual_seed(3))
     assert got.dtype == torch.float32 and torch.equal(got, ref)
     assert not torch.equal(got, plain)  # the augmentation ran
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_train_batches_gathered_on_the_device_equal_those_copied_per_batch(dtype):
+    meta = DatasetMeta("toy", 10, (1, 3, 3), mean=(0.5,), std=(0.25,))
+    rng = np.random.default_rng(0)
+    images = (rng.integers(0, 256, (23, 1, 3, 3)) if dtype == np.uint8 else rng.random((23, 1, 3, 3))).astype(dtype)
+    labels = rng.integers(0, 10, 23).astype(np.int64)
+    schedule = [rng.permutation(23)[:10], rng.permutation(23)[:7], np.array([3, 3, 0])]
+    cpu = torch.device("cpu")
+    per_batch = list(train_batches(images, labels, schedule, meta, True, cpu, resident=False))
+    gathered = list(train_batches(images, labels, schedule, meta, True, cpu, resident=True))
+    assert len(per_batch) == len(gathered) == 3
+    for (x1, y1), (x2, y2), idx in zip(per_batch, gathered, schedule):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2) and x2.dtype == torch.float32
+        assert torch.equal(x1, to_float(torch.from_numpy(images[idx]), meta, True))
+    assert list(train_batches(images, labels, [], meta, True, cpu, resident=True)) == []
+    with pytest.raises(ValueError, match="augmented"):
+        list(train_batches(images, labels, schedule, meta, True, cpu, Augment(flip=True), resident=True))
 
 
 def test_iterate_batches_order_and_sizes():
