@@ -172,13 +172,11 @@ def run(args) -> int:
     done_dir = ROOT / "docs" / "results" / spec.name
     done = finished_names([done_dir])
     todo = [p for p in spec.points if p.run_dir.name not in done]
-    if args.max_points:
-        todo = todo[: args.max_points]
     record = {"sweep": spec.name, "device": device, "parallel": args.parallel, "deadline_s": args.deadline,
               "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
-              "points": len(spec.points), "already_in_docs": len(spec.points) - len([p for p in spec.points
-                                                                                        if p.run_dir.name not in done]),
-              "runs": []}
+              "points": len(spec.points), "already_in_docs": len(spec.points) - len(todo), "runs": []}
+    if args.max_points:
+        todo = todo[: args.max_points]
     log(f"{spec.name}: {len(spec.points)} points, {record['already_in_docs']} in {done_dir}, {len(todo)} to run, "
         f"{args.parallel} at a time, deadline {args.deadline} s, device {device}")
     runs_root = work / "runs"
@@ -249,20 +247,15 @@ def run(args) -> int:
     record["not_started"] = [p.run_dir.name for p in queue]
     save()
     # the small outputs of every finished run, one archive (the device returns at most 8 files)
-    n = 0
+    finished = [Path(e["run_dir"]) for e in record["runs"] if e["status"] == "finished"]
     with tarfile.open(out / "fidelity-runs.tar.gz", "w:gz") as tar:
-        for e in record["runs"]:
-            if e["status"] != "finished" or not e.get("run_dir"):
-                continue
-            rd = Path(e["run_dir"])
+        for rd in finished:
             for f in SMALL:
                 if (rd / f).exists():
                     tar.add(rd / f, arcname=f"{spec.name}/{rd.name}/{f}")
-            n += 1
-    fin = sum(1 for e in record["runs"] if e["status"] == "finished")
-    log(f"done in {time.monotonic() - t_start:.0f} s: {fin} finished, "
-        f"{sum(1 for e in record['runs'] if e['status'] != 'finished')} not, {len(queue)} not started; "
-        f"{n} runs in {out / 'fidelity-runs.tar.gz'}")
+    log(f"done in {time.monotonic() - t_start:.0f} s: {len(finished)} finished, "
+        f"{len(record['runs']) - len(finished)} not, {len(queue)} not started; "
+        f"{len(finished)} runs in {out / 'fidelity-runs.tar.gz'}")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if all(e["status"] != "failed" for e in record["runs"]) else 1

@@ -171,8 +171,8 @@ class SplitProgram:
         rows = [int(outs[p].labels.shape[0]) for p in group]
         handed = all(torch.is_tensor(outs[p].activations) for p in group)  # workers in this process (LocalPool)
         if handed:  # tensors where the clients computed them: joined there, nothing crosses host memory
-            a_all = torch.cat([outs[p].activations.to(torch.float32) for p in group]).to(dev)
-            y_all = torch.cat([outs[p].labels.to(torch.int64) for p in group]).to(dev)
+            a_all = torch.cat([outs[p].activations.to(torch.float32) for p in group])
+            y_all = torch.cat([outs[p].labels.to(torch.int64) for p in group])
         else:  # numpy arrays from Ray workers: joined on the host
             a_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].activations, np.float32) for p in group]))
             y_all = torch.from_numpy(np.concatenate([np.asarray(outs[p].labels, np.int64) for p in group]))
