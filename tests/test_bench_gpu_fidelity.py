@@ -41,6 +41,18 @@ def test_points_on_the_gpu_are_named_apart_and_the_finished_ones_are_skipped(tmp
     assert fidelity.finished_names([done]) == {gpu.points[0].run_dir.name}
 
 
+def test_points_on_the_cpu_keep_the_sweeps_names(tmp_path):
+    from fedray.apps.sweep_spec import load_sweep
+
+    sweep = str(ROOT / "jobs/sweeps/scala_fmnist.yaml")
+    cpu = fidelity.load_points(sweep, "cpu", [])
+    assert [p.run_dir.name for p in cpu.points] == [p.run_dir.name for p in load_sweep(sweep).points]
+    assert cpu.points[0].config["engine"]["backend"] == "local"
+    assert cpu.points[0].config["output"]["checkpoint_every"] == 0
+    with pytest.raises(SystemExit, match="engine.device is cuda"):
+        fidelity.load_points(sweep, "cpu", ["engine.device=cuda"])
+
+
 def test_carried_data_is_linked_where_the_point_reads_it(tmp_path):
     carried = tmp_path / "carried" / "fashion-mnist"
     carried.mkdir(parents=True)

@@ -15,6 +15,15 @@ point (its bits differ: docs/gpu.md), and a table's seeds of one cell come from 
     # here: the finished runs' small outputs into docs/results/<sweep>/ (an existing run directory is never replaced)
     python bench/gpu/fidelity.py unpack <files_at>
 
+On a CPU machine that is stopped every few hours (a session), ``run --device cpu`` runs the same points under the
+names ``fedray sweep`` gives them (the same configs, hashes and numbers; in-process, one thread each), starts none
+that the time left cannot hold (``--expect``: a run's seconds, before one has finished), and leaves the archive
+for ``unpack`` as on the GPU:
+
+    python bench/gpu/fidelity.py run jobs/sweeps/scala_fmnist.yaml --device cpu --parallel 2 --deadline 9000 \
+        --expect 1800 --out /tmp/fid
+    python bench/gpu/fidelity.py unpack /tmp/fid
+
 ``$OUT`` gets three files: ``fidelity.json`` (every point: its values, status, seconds, accuracy), ``fidelity.log``
 and ``fidelity-runs.tar.gz`` (config.yaml, metrics.jsonl, run.json and summary.json of every finished run).
 ``run --dry`` runs the same on the CPU with tiny sizes (a check of the script here).
@@ -56,13 +65,23 @@ def log(msg: str) -> None:
 
 
 def load_points(sweep: str, device: str, extra: list[str]):
+    """The sweep's points as this script runs them: in-process, no checkpoints. ``cuda``: on the GPU, named apart
+    from the CPU runs; ``cpu``: the sweep's own engine.device (``auto``, resolved to the CPU by :func:`run`), so
+    every point keeps the name, and the numbers, of the same point of ``fedray sweep`` on a CPU machine (neither
+    the backend nor the output fields are hashed)."""
     from fedray.apps.sweep_spec import load_sweep
 
-    over = [f"engine.device={device}", "engine.backend=local", "output.checkpoint_every=0",
-            "output.tensorboard=false", "output.progress=false", *extra]
+    over = ["engine.backend=local", "output.checkpoint_every=0", "output.tensorboard=false",
+            "output.progress=false", *extra]
     if device == "cuda":  # GPU bits that repeat (docs/gpu.md: the same weights with any worker count and a resume)
-        over.append("engine.deterministic=true")
-    return load_sweep(sweep, overrides=over)
+        over += ["engine.device=cuda", "engine.deterministic=true"]
+    spec = load_sweep(sweep, overrides=over)
+    if device == "cpu":
+        for p in spec.points:
+            if p.config.get("engine", {}).get("device", "auto") == "cuda":
+                raise SystemExit(f"point {p.index} ({p.describe()}): engine.device is cuda; --device cpu runs "
+                                 "the sweep's CPU points")
+    return spec
 
 
 def data_needs(spec) -> dict[tuple[str, str], None]:
@@ -159,14 +178,15 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     LOG.append(out / "fidelity.log")
     work = Path(args.work or tempfile.mkdtemp(prefix="fedray-fidelity."))
+    work.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     deadline = t_start + args.deadline
     os.environ.setdefault("FEDRAY_CACHE_DIR", str(work / "cache"))  # partitions and the default data root
     import torch
 
-    device = "cpu" if args.dry else "cuda"
+    device = "cpu" if args.dry else args.device
     if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device here: run with --dry for the CPU check")
+        raise SystemExit("no CUDA device here: --device cpu runs the sweep on the CPU, --dry checks the script")
     spec = load_points(args.sweep, device, (DRY if args.dry else []) + list(args.set))
     place_data(spec, Path(args.data))
     done_dir = ROOT / "docs" / "results" / spec.name
@@ -180,6 +200,10 @@ def run(args) -> int:
     log(f"{spec.name}: {len(spec.points)} points, {record['already_in_docs']} in {done_dir}, {len(todo)} to run, "
         f"{args.parallel} at a time, deadline {args.deadline} s, device {device}")
     runs_root = work / "runs"
+    # on the CPU every run sees no GPU, so the sweep's engine.device auto is the CPU its name stands for
+    child_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}" + os.environ.get("PYTHONPATH", "")}
+    if device == "cpu":
+        child_env["CUDA_VISIBLE_DEVICES"] = ""
     running: dict[int, tuple] = {}  # pid -> (point, Popen, start, stdout path)
     durations: list[float] = []
 
@@ -224,8 +248,8 @@ def run(args) -> int:
                 proc.wait()
                 finish(pid, "stopped at the deadline")
             break
-        # a new run starts only where the time left holds the longest finished run (10 % over)
-        expect = 1.1 * max(durations) if durations else 0.0
+        # a new run starts only where the time left holds the longest finished run (10 % over), or --expect
+        expect = max(1.1 * max(durations) if durations else 0.0, args.expect)
         while queue and len(running) < args.parallel and (deadline - time.monotonic()) > expect:
             p = queue.pop(0)
             cfg = json.loads(json.dumps(p.config, default=str))
@@ -236,7 +260,7 @@ def run(args) -> int:
             logf = work / f"point-{p.index}.log"
             proc = subprocess.Popen([sys.executable, "-c", _RUNNER, str(cpath)], cwd=ROOT,
                                     stdout=open(logf, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}" + os.environ.get("PYTHONPATH", "")})
+                                    env=child_env)
             running[proc.pid] = (p, proc, time.monotonic(), logf)
             log(f"point {p.index} {p.run_dir.name} started ({p.describe()})")
         if not running and queue:
@@ -303,6 +327,10 @@ def main(argv=None) -> int:
     a.add_argument("--max-points", type=int, default=None)
     a.add_argument("--out", default=None, help="default $OUT, else bench/out/fidelity")
     a.add_argument("--work", default=None, help="run directories (default: a temporary folder, removed)")
+    a.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda: the GPU runs (named apart); cpu: the sweep's own CPU points, under their names")
+    a.add_argument("--expect", type=float, default=0.0,
+                   help="seconds one run takes: none starts that the time left cannot hold (before one finished)")
     a.add_argument("--dry", action="store_true", help="CPU check: engine.device cpu, tiny sizes")
     a.add_argument("--set", action="append", default=[], metavar="A.B=C",
                    help="an override of every point (it changes the runs' names where it changes their numbers)")
