@@ -122,6 +122,7 @@ def test_show_a_stopped_run_names_the_resume_command_and_a_finished_one_does_not
     shown = _show(capsys, run_dir)
     assert shown["status"] == "stopped"
     assert (shown["algorithm"], shown["model"], shown["source"]) == ("fedavg", "fedavg_cnn", "mnist5k")
+    assert shown["device"] == "cpu"
     assert shown["rounds"] == "2 / 3"
     assert shown["last checkpoint"] == "round 2 (ckpt-000002.npz)"
     assert shown["resume"] == f"fedray run --resume {run_dir}"

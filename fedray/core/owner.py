@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fedray.core.procinfo import proc_runs, proc_start_ticks
 
-__all__ = ["crash_reason", "describe_owner", "owner_record", "owner_state", "read_run_status", "settle_sessions", "settled_status"]
+__all__ = ["crash_reason", "describe_device", "describe_owner", "device_kinds", "owner_record", "owner_state", "read_run_status", "settle_sessions", "settled_status"]
 
 
 def _boot_id() -> str | None:
@@ -105,3 +105,16 @@ def crash_reason(err: BaseException) -> str:
         return "KeyboardInterrupt: a second Ctrl-C or SIGTERM while it stopped"
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def device_kinds(device: dict) -> set[str]:
+    """The kinds (``cpu``, ``cuda``) in ``run.json``'s ``device``: ``{"coordinator": NAME, "workers": [NAME, ...]}``,
+    each NAME ``cpu`` or ``cuda (GPU model)`` (:func:`fedray.engine.replica.device_name`)."""
+    return {name.split(" ")[0] for name in [device["coordinator"], *device["workers"]]}
+
+
+def describe_device(device: dict) -> str:
+    """``run.json``'s ``device`` in words: ``cpu``, or ``coordinator cpu, workers cuda (...)`` where they differ."""
+    if [device["coordinator"]] == device["workers"]:
+        return device["coordinator"]
+    return f"coordinator {device['coordinator']}, workers {', '.join(device['workers'])}"

@@ -23,7 +23,8 @@ from fedray.engine.dispatch import RunAborted
 from fedray.driver.handle import CoordinatorLost, _reason, open_coordinator
 from fedray.driver.launch import EarlyStart, early_start
 from fedray.driver.rounds import RoundLoop, resume_state
-from fedray.driver.setup import Run, RunResult, fail_run, finish_run, run_status, setup_run, stop_run
+from fedray.driver.setup import (Run, RunResult, fail_run, finish_run, record_device, run_status, setup_run,
+                                 stop_run)
 
 __all__ = ["run_experiment"]
 
@@ -105,6 +106,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, *, resume: str | Path | 
     try:
         engine = open_coordinator(run)
         info = _ready(engine, cfg, log)
+        record_device(run, info["device"])  # a resume on another kind of device is refused, before any round
         start_round = resume_state(run, engine, log)
         result.startup_seconds = startup = time.perf_counter() - run.t_start
         result.startup_phases = {"data": data_s, "ray": getattr(early, "ray_seconds", None), "ready": startup}

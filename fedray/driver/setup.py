@@ -13,7 +13,7 @@ import numpy as np
 
 from fedray.config import ConfigError, ExperimentConfig, config_hash, dump_config, load_config
 from fedray.core.io import atomic_write_bytes, atomic_write_text
-from fedray.core.owner import describe_owner, owner_record, read_run_status
+from fedray.core.owner import describe_device, describe_owner, device_kinds, owner_record, read_run_status
 from fedray.data.fetch import data_root, ensure_data
 from fedray.data.sources import load_source
 from fedray.data.store import PartitionStore, build_partition
@@ -78,6 +78,7 @@ class Run:
     early: EarlyStart | None = None  # Ray and the actors, started while the data loaded (fedray.driver.launch)
     t_data: float = 0.0  # when the data was ready (time.perf_counter())
     found: str = ""  # a resume: the status run.json said (killed, interrupted, ...; fedray.driver.rounds.resume_state)
+    device_before: dict | None = None  # a resume: what its rounds so far trained on (run.json's device)
 
     @property
     def state_path(self) -> str:
@@ -101,12 +102,14 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
     for them. Either way they come before the run directory is claimed."""
     t_start = time.perf_counter()
     resumes: list[dict] = []
+    device_before = None
     if resume is not None:
         rd = RunDir(resume)
         if not (rd.path / "config.yaml").is_file():
             raise ConfigError(f"--resume {str(resume)!r}: not a run directory (no config.yaml)")
         cfg = load_config(rd.path / "config.yaml")
         resumes = _resume_history(rd, log)  # refuses a run whose driver still lives
+        device_before = rd.read_json("run.json").get("device")
         check_resumable(rd, cfg, resumes[-1]["status"])
     if cfg is None:
         raise ConfigError("run_experiment needs a config or a run directory to resume")
@@ -134,6 +137,8 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
             "num_clients": int(store.num_clients), "partition_path": str(store.path)}
     if resume is not None:
         info["resumes"] = resumes
+        if device_before is not None:  # kept until this session's is known and checked (record_device)
+            info["device"] = device_before
     if cfg.plugins:  # the user's code this run ran: digests (also in the config hash), origins, versions
         from fedray.core.plugin_loader import provenance
 
@@ -144,7 +149,28 @@ def setup_run(cfg: ExperimentConfig | None, resume: str | Path | None = None, ov
         atomic_write_text(rd.path / "config.yaml", dump_config(cfg))
     rd.write_json("run.json", info)
     return Run(cfg=cfg, rd=rd, bundle=bundle, store=store, resume=resume is not None, t_start=t_start,
-               trackers=trackers, t_data=t_data, found=resumes[-1]["status"] if resumes else "")
+               trackers=trackers, t_data=t_data, found=resumes[-1]["status"] if resumes else "",
+               device_before=device_before)
+
+
+def record_device(run: Run, device: dict) -> None:
+    """``run.json``'s ``device``: what the run trains on (the coordinator's ``ready``), once its workers are up.
+
+    ``engine.device: auto`` is not part of a run's name, yet a run on the CPU and the same run on a GPU give
+    different numbers (docs/gpu.md): a resume whose rounds so far ran on another kind of device (cpu against cuda)
+    would be bit for bit neither run, so it is refused here, before any round, naming both. The record keeps the
+    earlier device until this check passes, so a refused attempt leaves it as it was."""
+    before = run.device_before
+    if before is not None and device_kinds(before) != device_kinds(device):
+        raise ConfigError(
+            f"--resume {run.rd.path}: its rounds so far trained on {describe_device(before)}, this session would "
+            f"train on {describe_device(device)} (engine.device: {run.cfg.engine.device}); CPU and GPU runs of "
+            "one config give different numbers, so the resumed run would be bit for bit neither. Resume it where "
+            "it ran (with engine.backend local, CUDA_VISIBLE_DEVICES= hides a GPU), or start it over with "
+            "engine.device set to cpu or cuda (a run of its own name)")
+    info = run.rd.read_json("run.json")
+    info["device"] = device
+    run.rd.write_json("run.json", info)
 
 
 def _resume_history(rd: RunDir, log) -> list[dict]:

@@ -29,7 +29,7 @@ from fedray.engine.faults import FaultInjector
 from fedray.engine.outcomes import InStore
 from fedray.engine.pool import LocalPool, RayPool
 from fedray.engine.programs import program_for
-from fedray.engine.replica import Replica, coordinator_device
+from fedray.engine.replica import Replica, coordinator_device, device_name
 from fedray.engine.round_report import Memory, RoundReport
 from fedray.engine.spec import CoordinatorSpec
 from fedray.metrics import ema_update
@@ -75,7 +75,12 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------- API
     def ready(self) -> dict:
-        return {"workers": self.pool.size, "num_params": int(self.replica.flat.layout.size)}
+        """The pool's size, the model's size, and what the run trains on: this coordinator's device (the server
+        model of a split program, the evaluation's shards in-process) and its workers' (the driver records it in
+        ``run.json`` and refuses a resume on another kind: :func:`fedray.driver.setup.record_device`)."""
+        return {"workers": self.pool.size, "num_params": int(self.replica.flat.layout.size),
+                "device": {"coordinator": device_name(self.replica.device),
+                           "workers": sorted(set(self.pool.call_all("device")))}}
 
     def pid(self) -> int:
         """This process's id (the tests kill it)."""

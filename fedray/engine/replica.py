@@ -20,7 +20,7 @@ from fedray.engine.spec import WorkerSpec
 from fedray.models import model_for_meta
 from fedray.plugins import load_plugins
 
-__all__ = ["CUBLAS_WORKSPACE", "Replica", "coordinator_device", "use_deterministic_torch"]
+__all__ = ["CUBLAS_WORKSPACE", "Replica", "coordinator_device", "device_name", "use_deterministic_torch"]
 
 #: cuBLAS's fixed workspace that deterministic cuBLAS needs (CUDA >= 10.2), unless the environment sets one
 CUBLAS_WORKSPACE = ":4096:8"
@@ -28,6 +28,14 @@ CUBLAS_WORKSPACE = ":4096:8"
 
 def coordinator_device(engine_device: str) -> torch.device:
     return torch.device("cuda" if engine_device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+
+
+def device_name(device: torch.device) -> str:
+    """What a process trains on, as ``run.json``'s ``device`` records it: ``cpu``, or ``cuda (GPU model)``."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda ({torch.cuda.get_device_name(index)})"
 
 
 def use_deterministic_torch() -> None:

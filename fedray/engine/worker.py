@@ -63,6 +63,12 @@ class ClientWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def device(self) -> str:
+        """What this worker trains on (:func:`~fedray.engine.replica.device_name`)."""
+        from fedray.engine.replica import device_name
+
+        return device_name(self.replica.device)
+
     def node_id(self) -> str | None:
         """The Ray node this worker runs on (None in-process, without Ray); the pool's start-up call."""
         return current_node_id()

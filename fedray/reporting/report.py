@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from fedray.core.io import atomic_write_bytes, atomic_write_text
-from fedray.core.owner import describe_owner, read_run_status
+from fedray.core.owner import describe_device, describe_owner, read_run_status
 from fedray.reporting.rundir import RunDir
 
 
@@ -108,6 +108,7 @@ def describe_run(path: str | Path) -> str:
         f"algorithm:       {run.get('algorithm', cfg.algorithm.name)}",
         f"model:           {run.get('model', cfg.model.name)}",
         f"source:          {run.get('source', cfg.data.source)}",
+        *([f"device:          {describe_device(run['device'])}"] if run.get("device") else []),
         f"rounds:          {s['rounds']} / {cfg.train.rounds}",
         f"accuracy:        {_num(s['accuracy'])} (last), {_num(s['ema_accuracy'])} (EMA)",
         f"best accuracy:   {_num(s['best_accuracy'])}"

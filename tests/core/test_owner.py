@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 
-from fedray.core.owner import owner_record, owner_state, settle_sessions, settled_status
+from fedray.core.owner import describe_device, device_kinds, owner_record, owner_state, settle_sessions, settled_status
 from fedray.core.procinfo import proc_start_ticks
 
 
@@ -47,3 +47,11 @@ def test_sessions_left_running_are_settled_under_the_lock_and_others_kept():
     assert settle_sessions(sessions, lock_held=False) == []
     assert settle_sessions(sessions, lock_held=True) == [reused]
     assert [s["status"] for s in sessions] == ["running", "killed", "finished"] and "reason" in reused
+
+
+def test_device_records_in_words_and_kinds():
+    cpu = {"coordinator": "cpu", "workers": ["cpu"]}
+    split = {"coordinator": "cpu", "workers": ["cuda (NVIDIA H200)", "cuda (NVIDIA A100)"]}
+    assert describe_device(cpu) == "cpu" and device_kinds(cpu) == {"cpu"}
+    assert describe_device(split) == "coordinator cpu, workers cuda (NVIDIA H200), cuda (NVIDIA A100)"
+    assert device_kinds(split) == {"cpu", "cuda"}

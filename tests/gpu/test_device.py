@@ -39,6 +39,19 @@ def _run(cfg: dict, **kw):
     return run_experiment(from_dict(cfg), progress=False, log=lambda *a: None, **kw)
 
 
+def _here() -> str:
+    """What run.json's ``device`` names for this machine's GPU, or ``cpu`` without one."""
+    import torch
+
+    return f"cuda ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "cpu"
+
+
+def _recorded_device(result) -> dict:
+    import json
+
+    return json.loads((result.run_dir / "run.json").read_text())["device"]
+
+
 @pytest.fixture
 def deterministic_torch():
     """Put back torch's process-wide modes and CUBLAS_WORKSPACE_CONFIG after a test that sets engine.deterministic
@@ -88,6 +101,7 @@ def test_deterministic_run_is_repeatable_in_process(tmp_path, deterministic_torc
     b = _run(images_config(tmp_path / "b", engine__deterministic=True))
     assert a.weights_hash == b.weights_hash
     assert np.isfinite(a.rounds[-1]["loss"])
+    assert _recorded_device(a) == {"coordinator": _here(), "workers": [_here()]}
 
 
 @pytest.mark.ray
@@ -99,6 +113,9 @@ def test_fractional_gpu_workers_match_in_process_run(tmp_path, ray_session, dete
                               engine__num_workers=2, engine__worker_num_gpus=0.5, engine__worker_num_cpus=0.5))
     assert ray2.weights_hash == local.weights_hash
     assert ray2.rounds[-1]["workers"] == 2
+    # the workers' share of the GPU is where they train (a fake logical GPU: the CPU)
+    recorded = _recorded_device(ray2)
+    assert recorded["workers"] == [_here()] and recorded["coordinator"] in ("cpu", _here())
 
 
 def test_multi_client_on_device_close_to_sequential(tmp_path):

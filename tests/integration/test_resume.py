@@ -71,9 +71,38 @@ def test_ctrl_c_mid_round_on_ray_records_that_round_and_resumes_without_a_gap(tm
     assert proc.returncode == 130, out[-3000:]
     rows = [r["round"] for r in RunDir(metrics.parent).read_metrics()]
     assert rows == list(range(1, len(rows) + 1)) and len(rows) < 6, rows
+    # what the coordinator actor and its worker actor train on (a fake logical GPU would say cpu too)
+    assert RunDir(metrics.parent).read_json("run.json")["device"] == {"coordinator": "cpu", "workers": ["cpu"]}
     ckpt = RunDir(metrics.parent).load_checkpoint()
     assert ckpt is not None and ckpt["round"] == rows[-1], out[-3000:]  # the checkpoint and the rows agree
     res = run_experiment(resume=metrics.parent, progress=False, log=lambda *a: None)
     assert [r["round"] for r in RunDir(metrics.parent).read_metrics()] == [1, 2, 3, 4, 5, 6]
     clean = _run(small_config(tmp_path / "clean", partition_cache, **{**base, "engine__backend": "local"}))
     assert res.weights_hash == clean.weights_hash
+
+
+# ------------------------------------------------------------------------------------ the device a run trains on
+def test_a_resume_on_another_kind_of_device_is_refused_and_leaves_the_record(tmp_path, partition_cache):
+    """run.json records what the coordinator and workers train on; a resume whose rounds so far ran on another
+    kind (here: a record saying cuda, resumed on this CPU) is refused before any round, the record kept, and the
+    same resume where the run trained gives the uninterrupted weights."""
+    from fedray.config import ConfigError
+
+    base = dict(train__rounds=3, output__checkpoint_every=1)
+    clean = _run(small_config(tmp_path / "clean", partition_cache, **base))
+    assert RunDir(clean.run_dir).read_json("run.json")["device"] == {"coordinator": "cpu", "workers": ["cpu"]}
+    stopped = _run(small_config(tmp_path / "cut", partition_cache, **base), on_round=lambda r: r["round"] == 1)
+    rd = RunDir(stopped.run_dir)
+    info = rd.read_json("run.json")
+    info["device"] = {"coordinator": "cuda (NVIDIA H200)", "workers": ["cuda (NVIDIA H200)"]}
+    rd.write_json("run.json", info)
+    with pytest.raises(ConfigError, match=r"trained on cuda \(NVIDIA H200\), this session would train on cpu"):
+        run_experiment(resume=stopped.run_dir, progress=False, log=lambda *a: None)
+    after = rd.read_json("run.json")
+    assert after["device"] == info["device"] and after["status"] == "failed"
+    assert [r["round"] for r in rd.read_metrics()] == [1]  # no round ran
+    after["device"] = {"coordinator": "cpu", "workers": ["cpu"]}
+    rd.write_json("run.json", after)
+    res = run_experiment(resume=stopped.run_dir, progress=False, log=lambda *a: None)
+    assert res.weights_hash == clean.weights_hash
+    assert rd.read_json("run.json")["device"] == {"coordinator": "cpu", "workers": ["cpu"]}
