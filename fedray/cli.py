@@ -10,6 +10,7 @@
     fedray new NAME                      write a plugin project ./NAME (a method, a model, a config, a test)
     fedray report RUN_DIR [RUN_DIR ...]  tables (per run, mean ± std over seeds) and PNG plots from run directories
     fedray report SWEEP_DIR              a sweep's tables and report again, from its run directories
+    fedray report --sweep FILE RUN_DIR.. a sweep file's tables (beside its paper's numbers) of its points' runs
     fedray tune STUDY.yaml [a.b=c ...]   hyper-parameter study over whole runs (docs/tuning.md)
     fedray scale SCALE.yaml [a.b=c ...]  client-count scaling sweep -> Parquet table + plots (docs/scaling.md)
     fedray sweep SWEEP.yaml [a.b=c ...]  grid of runs (methods x settings x seeds) -> sweep.parquet + tables (docs/sweep.md)
@@ -300,6 +301,23 @@ def _cmd_report(args) -> int:
 
     from fedray.reporting.report import report
 
+    if args.sweep:
+        from fedray.apps.sweep import tables_of
+        from fedray.config import ConfigError
+
+        if args.metric != "accuracy" or args.target is not None:
+            print("fedray report: error: with --sweep the tables are the sweep file's (its metrics and target)",
+                  file=sys.stderr)
+            return 2
+        try:
+            text, files = tables_of(args.sweep, args.runs, args.out or "report")
+        except ConfigError as e:
+            print(f"fedray report: error: {e}", file=sys.stderr)
+            return 2
+        print(text)
+        for f in files:
+            print(f"wrote {f}")
+        return 0
     if len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.json").is_file():
         from fedray.apps.sweep import rebuild_report
 
@@ -472,6 +490,10 @@ def _add_report_commands(sub) -> None:
                                      "accuracy and feature-analysis metrics when the runs logged them.")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
     rep.add_argument("--out", help="output directory (default RUN_DIR/report, or ./report for several runs)")
+    rep.add_argument("--sweep", metavar="SWEEP.yaml",
+                     help="make this sweep file's tables (and its paper: comparison) of those RUN_DIRs that are "
+                          "its finished points, wherever they lie (e.g. docs/results/<sweep>/*), into --out "
+                          "(default ./report)")
     rep.add_argument("--metric", default="accuracy",
                      help="what the cells of the methods x settings table (table.md/csv/tex) show, mean ± std "
                           "over seeds: accuracy (final, the default), ema_accuracy, best_accuracy, "

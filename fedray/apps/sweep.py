@@ -167,6 +167,14 @@ def write_tables(tables: list[TableSpec], run_dirs: list[Path], out: Path, notes
                 atomic_write_text(base.with_name(base.name + suffix), text)
                 files.append(base.with_name(base.name + suffix))
             parts.append(f"## {t.name}: {m}\n\n{md}\n")
+            if t.paper is not None and t.paper["metric"] == m:  # beside the paper's numbers, with its claims
+                from fedray.reporting.paper import paper_markdown
+
+                text = paper_markdown(piv, t.paper)
+                path = out / "tables" / f"{t.name}.paper.md"
+                atomic_write_text(path, text + "\n")
+                files.append(path)
+                parts.append(f"## {t.name}: {m} beside the paper\n\n{text}\n")
     text = "\n".join(parts) + "".join(f"\nnote: {n}" for n in [*notes, *group_notes])
     atomic_write_text(out / "tables.md", text + "\n")
     return text, [out / "tables.md", *files]
@@ -184,6 +192,33 @@ def _final_outputs(spec: SweepSpec, rows: list[dict], log) -> tuple[str, list[Pa
     text, files = write_tables(spec.tables, done, spec.output_dir, notes) if spec.tables else ("", [])
     _, more = report(done, spec.output_dir / "report")
     return text, [*files, *more]
+
+
+def tables_of(sweep_file: str | Path, run_dirs: list[str | Path], out: str | Path) -> tuple[str, list[Path]]:
+    """``fedray report --sweep FILE RUN_DIR ...``: the sweep file's tables (with the paper's numbers where it gives
+    them) of those run directories that are its points and finished, wherever they are (e.g. the small outputs
+    kept in ``docs/results/<sweep>/``, gathered over several machines); the others are named in a note."""
+    spec = load_sweep(sweep_file)
+    if not spec.tables:
+        raise ConfigError(f"{sweep_file}: the sweep file has no tables: (nothing to make)")
+    names = {p.run_dir.name: p for p in spec.points}
+    done, notes = [], []
+    for d in run_dirs:
+        path = Path(d)
+        if not (path / "config.yaml").is_file():
+            raise ConfigError(f"{str(d)!r}: not a run directory (no config.yaml)")
+        if path.name not in names:
+            notes.append(f"{path}: not a point of {spec.name} (another config), left out")
+        elif (status := _run_status(RunDir(path))) != "finished":
+            notes.append(f"{path}: {status}, left out")
+        else:
+            done.append(path)
+    if not done:
+        raise ConfigError(f"none of the {len(run_dirs)} run directories is a finished point of {spec.name}")
+    missing = len(spec.points) - len({p.name for p in done})
+    notes.append(f"{len({p.name for p in done})} of the sweep's {len(spec.points)} points finished here; "
+                 f"{missing} not (yet)")
+    return write_tables(spec.tables, done, Path(out), notes)
 
 
 def rebuild_report(sweep_dir: str | Path) -> tuple[str, list[Path]]:

@@ -40,7 +40,7 @@ from fedray.reporting.seeds import check_metric, field_label
 
 SWEEP_KEYS = ("name", "description", "base", "overrides", "axes", "zip", "exclude", "output_dir", "parallel",
               "resources", "table", "tables")
-_TABLE_KEYS = ("name", "rows", "columns", "metric", "metrics", "target")
+_TABLE_KEYS = ("name", "rows", "columns", "metric", "metrics", "target", "paper")
 _RESOURCE_KEYS = ("workers", "cpus_per_worker", "gpus_per_worker")
 
 
@@ -51,6 +51,7 @@ class TableSpec:
     columns: list[str]
     metrics: list[str]
     target: float | None = None
+    paper: dict | None = None  # the paper's cells and claims (fedray.reporting.paper.parse_paper), or none
 
 
 @dataclass
@@ -243,8 +244,13 @@ def _tables(data: dict, fields: list[str]) -> list[TableSpec]:
         name = t.get("name", "table" if len(raw) == 1 else f"table{ti + 1}")
         if not isinstance(name, str) or not name or "/" in name:
             raise ConfigError(f"{tw}.name: expected a file-name-safe string, got {name!r}")
+        paper = None
+        if t.get("paper") is not None:
+            from fedray.reporting.paper import parse_paper
+
+            paper = parse_paper(t["paper"], f"{tw}.paper", [str(m) for m in metrics])
         out.append(TableSpec(name, axes["rows"], axes["columns"], [str(m) for m in metrics],
-                             None if target is None else float(target)))
+                             None if target is None else float(target), paper))
     if len({t.name for t in out}) < len(out):
         raise ConfigError("tables: two tables have the same name")
     return out
@@ -264,6 +270,24 @@ def _check_cells(tables: list[TableSpec], points: list[Point], cfgs: list[Experi
                 raise ConfigError(f"table {t.name!r}: points {first} ({points[first].describe()}) and {p.index} "
                                   f"({p.describe()}) would share the cell {cell} but differ in {', '.join(diff)}: "
                                   f"add the field to rows or columns, or a table per setting")
+
+
+def _check_paper_labels(tables: list[TableSpec], cfgs: list[ExperimentConfig]) -> None:
+    """Every row and column a table's ``paper:`` names is one of the table's labels (as the points make them):
+    a misspelt label would leave the paper's number out of the comparison without a word."""
+    from fedray.reporting.paper import paper_labels
+
+    flat = [hashed_fields(c, ignore=("seed",)) for c in cfgs]
+    for t in tables:
+        if t.paper is None:
+            continue
+        rows = {field_label(f, t.rows) for f in flat}
+        cols = {field_label(f, t.columns) for f in flat}
+        want_rows, want_cols = paper_labels(t.paper)
+        for kind, want, have in (("row", want_rows, rows), ("column", want_cols, cols)):
+            for label in sorted(want - have):
+                raise ConfigError(f"table {t.name!r}: paper: {kind} {label!r} is not one of the table's {kind}s "
+                                  f"({', '.join(repr(x) for x in sorted(have))})")
 
 
 def _check_eval_metrics(tables: list[TableSpec], points: list[Point], cfgs: list[ExperimentConfig]) -> None:
@@ -341,6 +365,7 @@ def load_sweep(path: str | Path | None = None, *, data: dict | None = None, over
         raise ConfigError("exclude: every point of the sweep is excluded")
     tables = _tables(data, fields)
     _check_cells(tables, points, cfgs)
+    _check_paper_labels(tables, cfgs)
     _check_eval_metrics(tables, points, cfgs)
     description = data.get("description") or ""
     return SweepSpec(name=name, base=base, fields=fields, points=points, output_dir=out, parallel=parallel,
