@@ -205,6 +205,9 @@ def tables_of(sweep_file: str | Path, run_dirs: list[str | Path], out: str | Pat
     done, notes = [], []
     for d in run_dirs:
         path = Path(d)
+        if path.is_file():  # a glob over a results folder also names its files (tables.md)
+            notes.append(f"{path}: a file, not a run directory, left out")
+            continue
         if not (path / "config.yaml").is_file():
             raise ConfigError(f"{str(d)!r}: not a run directory (no config.yaml)")
         if path.name not in names:

@@ -2,15 +2,16 @@
 
 A table of a sweep file (docs/sweep.md, "Beside a paper") may carry ``paper:``: the paper's value of each cell it
 reports (``mean ± std`` over the paper's seeds, a bare mean where it gives no spread, ``-`` where it reports a
-method that failed to converge), keyed by the table's own row and column labels, for one of the table's metrics,
-and the paper's claims (``{row: scala, above: all}``: in every column the row's mean is above every other row's).
+method that failed to converge; none at all where the sweep checks the paper's claims on other data), keyed by the
+table's own row and column labels, for one of the table's metrics, and the paper's claims (``{row: scala, above: all}``: in every column the row's mean is above every other row's).
 :func:`paper_markdown` writes, from the table's :class:`~fedray.reporting.seeds.Pivot` of that metric:
 
 - per cell: fedray's mean ± std (n seeds), the paper's, ``fedray − paper`` and that gap in the paper's seed spread
   (``|gap| / σ_paper``), flagged ``outside`` when it is more than one spread: a number to investigate (protocol,
   model, metric), not to tune away;
-- per claim and column: fedray's gap between the two rows and the paper's, whether the claim held (fedray's row
-  strictly above), and fedray's margin in the paper's spread of that gap (``√(σ_a² + σ_b²)`` of the two cells).
+- per claim and column: fedray's gap between the two rows, in its own seeds' spread of that gap (``√(s_a² + s_b²)``,
+  with 2 seeds or more: a gap inside it may be noise), whether the claim held (fedray's row strictly above), the
+  paper's gap and fedray's margin in the paper's spread of it (``√(σ_a² + σ_b²)`` of the two cells).
 
 The parsing (:func:`parse_paper`) checks everything before any run starts (``fedray sweep --dry-run`` too): the
 metric is one of the table's, every value parses, every claim names rows the table has; the labels are checked
@@ -61,9 +62,10 @@ def parse_paper(raw: Any, where: str, metrics: list[str]) -> dict:
         raise ConfigError(f"{where}.metric: {metric!r} is not one of the table's metrics ({', '.join(metrics)})")
     if not _is_acc(metric):
         raise ConfigError(f"{where}.metric: {metric!r}: the paper's numbers are compared as accuracies in %")
-    cells_raw = raw.get("cells")
-    if not isinstance(cells_raw, dict) or not cells_raw:
-        raise ConfigError(f"{where}.cells: expected a mapping row -> {{column: value}}, got {cells_raw!r}")
+    cells_raw = raw.get("cells", {})  # none: the claims alone (a sweep that checks a paper's claims on other data)
+    if not isinstance(cells_raw, dict) or not (cells_raw or raw.get("claims")):
+        raise ConfigError(f"{where}.cells: expected a mapping row -> {{column: value}} (or claims: alone), "
+                          f"got {cells_raw!r}")
     cells: dict[str, dict[str, dict]] = {}
     for row, cols in cells_raw.items():
         if not isinstance(cols, dict) or not cols:
@@ -132,6 +134,9 @@ def _ours(st: Stat | None, metric: str) -> str:
 def paper_markdown(p: Pivot, paper: dict) -> str:
     """The cells beside the paper's and the claims (module docstring), as Markdown."""
     metric = p.metric
+    if not paper["cells"]:  # the claims alone
+        return f"{paper['source'] or 'the paper'}: its claims on this sweep's runs, {metric_title(metric)}\n\n" + \
+            _claims_markdown(p, paper)
     lines = [f"{paper['source'] or 'the paper'}: {metric_title(metric)} of fedray (mean ± sample std over the seeds "
              "run) beside the paper's (mean ± std over its seeds); a gap of more than one of the paper's spreads is "
              "marked *outside*", "",
@@ -175,8 +180,10 @@ def _cols(p: Pivot, paper: dict) -> list[str]:
 
 def _claims_markdown(p: Pivot, paper: dict) -> str:
     metric = p.metric
-    out = ["| claim | setting | fedray gap | paper gap | held | fedray margin in paper spreads |",
-           "|---|---|---|---|---|---|"]
+    numbers = bool(paper["cells"])  # the paper's gap and spreads exist only where it gave numbers for this data
+    out = ["| claim | setting | fedray gap | in fedray's spreads | held |"
+           + (" paper gap | fedray margin in paper spreads |" if numbers else ""),
+           "|---|---|---|---|---|" + ("---|---|" if numbers else "")]
     tallies = []
     for cl in paper["claims"]:
         row = cl["row"]
@@ -188,10 +195,13 @@ def _claims_markdown(p: Pivot, paper: dict) -> str:
             for o in others:
                 b = p.cells.get((o, c))
                 pb = paper["cells"].get(o, {}).get(c)
-                ours = verdict = margin = ""
+                ours = verdict = margin = own = ""
                 if a is not None and b is not None and a.n > 0 and b.n > 0:
-                    d = _pct(a, metric)[0] - _pct(b, metric)[0]
+                    (ma, sa_), (mb, sb_) = _pct(a, metric), _pct(b, metric)
+                    d = ma - mb
                     ours = _fmt(d, signed=True)
+                    if a.n > 1 and b.n > 1 and (sa_ or sb_):  # the gap against the seeds' own spread
+                        own = f"{d / math.hypot(sa_, sb_):+.1f}"
                     verdict = "yes" if d > 0 else "**no**"
                     held += d > 0
                     failed += d <= 0
@@ -204,7 +214,8 @@ def _claims_markdown(p: Pivot, paper: dict) -> str:
                 theirs = ""
                 if pa and pb and not pa.get("failed"):
                     theirs = "(the other did not converge)" if pb.get("failed") else _fmt(pa["mean"] - pb["mean"], True)
-                out.append(f"| {row} > {o} | {c} | {ours} | {theirs} | {verdict} | {margin} |")
+                out.append(f"| {row} > {o} | {c} | {ours} | {own} | {verdict} |"
+                           + (f" {theirs} | {margin} |" if numbers else ""))
         tallies.append(f"**{row} above {'every other row' if cl['above'] == 'all' else ', '.join(others)}"
                        f"{'' if cl['columns'] is None else ' in ' + ', '.join(cl['columns'])}**: held in {held}, "
                        f"failed in {failed}" + (f", {open_} without fedray's numbers (not run or not finished)" if open_ else ""))

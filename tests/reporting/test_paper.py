@@ -29,7 +29,7 @@ def _paper(**over) -> dict:
     ({"metric": "loss"}, r"tables\[0\].paper.metric: 'loss' is not one of the table's metrics"),
     ({"cells": {"ours": {"a": "ninety"}}}, r"tables\[0\].paper.cells.ours.a: expected a number, 'mean ± std' or '-'"),
     ({"cells": {"ours": {"a": True}}}, r"tables\[0\].paper.cells.ours.a: expected a number"),
-    ({"cells": {}}, r"tables\[0\].paper.cells: expected a mapping row"),
+    ({"cells": [90.7]}, r"tables\[0\].paper.cells: expected a mapping row"),
     ({"claims": [{"row": "ours"}]}, r"tables\[0\].paper.claims\[0\]: expected \{row: ROW, above"),
     ({"claims": [{"row": "ours", "above": "most"}]}, r"claims\[0\].above: expected all or a list of rows"),
     ({"claims": [{"row": "ours", "above": "all", "by": 2}]}, r"claims\[0\].by: unknown field"),
@@ -61,8 +61,8 @@ def test_cells_gaps_in_paper_spreads_and_the_claims():
     assert "3 cells with both numbers, 2 of them with the paper's spread; 1 more than one spread from the paper." \
         in lines
     # claims: a: 89 - 86 = +3 against the paper's +5, margin 3 / hypot(0.5, 1.0); b: ours under base
-    assert f"| ours > base | a | +3.00 | +5.00 | yes | {3 / math.hypot(0.5, 1.0):+.1f} |" in lines
-    assert "| ours > base | b | -5.00 | (the other did not converge) | **no** |  |" in lines
+    assert f"| ours > base | a | +3.00 |  | yes | +5.00 | {3 / math.hypot(0.5, 1.0):+.1f} |" in lines
+    assert "| ours > base | b | -5.00 |  | **no** | (the other did not converge) |  |" in lines
     assert "- **ours above every other row**: held in 1, failed in 1" in lines
 
 
@@ -71,6 +71,18 @@ def test_paper_rows_fedray_has_not_run_are_listed_and_count_as_open():
     text = paper_markdown(Pivot("accuracy", None, ["ours"], ["a"], cells), _paper())
     assert "| base | a | no finished run | 85.00 ± 1.00 |  |  |" in text.splitlines()
     assert "held in 0, failed in 0, 2 without fedray's numbers (not run or not finished)" in text
+
+
+def test_claims_alone_on_other_data_weigh_each_gap_by_the_seeds_own_spread():
+    cells = {("ours", "a"): Stat(0.80, 0.02, 3, 3), ("base", "a"): Stat(0.79, 0.01, 3, 3),
+             ("other", "a"): Stat(0.70, math.nan, 1, 1)}
+    paper = parse_paper({"claims": [{"row": "ours", "above": "all"}]}, "paper", ["accuracy"])
+    text = paper_markdown(Pivot("accuracy", None, ["ours", "base", "other"], ["a"], cells), paper).splitlines()
+    assert "| claim | setting | fedray gap | in fedray's spreads | held |" in text  # no paper columns
+    assert f"| ours > base | a | +1.00 | {1 / math.hypot(2, 1):+.1f} | yes |" in text
+    assert "| ours > other | a | +10.00 |  | yes |" in text  # one seed: no spread of its own
+    with pytest.raises(ConfigError, match=r"paper.cells: expected a mapping .* \(or claims: alone\)"):
+        parse_paper({"source": "x"}, "paper", ["accuracy"])
 
 
 def test_a_paper_label_the_table_does_not_have_is_refused_when_the_sweep_loads(tmp_path, partition_cache):
@@ -102,7 +114,7 @@ def test_report_sweep_makes_the_paper_table_of_the_runs_kept_in_docs_results(tmp
     assert f"note: {other}: not a point of fedccl_table4 (another config), left out" in out
     text = (tmp_path / "rep" / "tables" / "accuracy.paper.md").read_text().splitlines()
     assert "| fedccl | source=mnist | 98.16 (1 seed) | 95.15 | +3.01 | (no spread given) |" in text
-    assert "| fedccl > fpl | source=fashion-mnist | -0.40 | +5.50 | **no** |  |" in text
+    assert "| fedccl > fpl | source=fashion-mnist | -0.40 |  | **no** | +5.50 |  |" in text
     assert "- **fedccl above every other row**: held in 9, failed in 1" in text
     assert (tmp_path / "rep" / "tables" / "accuracy.mean_last5.csv").is_file()
     assert cli(["report", "--sweep", str(ROOT / "jobs/sweeps/fedccl_table4.yaml"), other,
