@@ -205,12 +205,11 @@ def tables_of(sweep_file: str | Path, run_dirs: list[str | Path], out: str | Pat
     done, notes = [], []
     for d in run_dirs:
         path = Path(d)
-        if path.is_file():  # a glob over a results folder also names its files (tables.md)
-            notes.append(f"{path}: a file, not a run directory, left out")
-            continue
-        if not (path / "config.yaml").is_file():
-            raise ConfigError(f"{str(d)!r}: not a run directory (no config.yaml)")
-        if path.name not in names:
+        if not path.exists():
+            raise ConfigError(f"{str(d)!r}: no such run directory")
+        if not (path / "config.yaml").is_file():  # a glob over a results folder also names its tables.md, tables/
+            notes.append(f"{path}: not a run directory (no config.yaml), left out")
+        elif path.name not in names:
             notes.append(f"{path}: not a point of {spec.name} (another config), left out")
         elif (status := _run_status(RunDir(path))) != "finished":
             notes.append(f"{path}: {status}, left out")
@@ -218,6 +217,7 @@ def tables_of(sweep_file: str | Path, run_dirs: list[str | Path], out: str | Pat
             done.append(path)
     if not done:
         raise ConfigError(f"none of the {len(run_dirs)} run directories is a finished point of {spec.name}")
+    done.sort(key=lambda path: names[path.name].index)  # rows and columns in the sweep's order, as its own tables
     missing = len(spec.points) - len({p.name for p in done})
     notes.append(f"{len({p.name for p in done})} of the sweep's {len(spec.points)} points finished here; "
                  f"{missing} not (yet)")

@@ -120,3 +120,6 @@ def test_report_sweep_makes_the_paper_table_of_the_runs_kept_in_docs_results(tmp
     assert cli(["report", "--sweep", str(ROOT / "jobs/sweeps/fedccl_table4.yaml"), other,
                 "--out", str(tmp_path / "none")]) == 2
     assert "none of the 1 run directories is a finished point of fedccl_table4" in capsys.readouterr().err
+    assert cli(["report", "--sweep", str(ROOT / "jobs/sweeps/fedccl_table4.yaml"), *runs, str(tmp_path / "gone"),
+                "--out", str(tmp_path / "none")]) == 2
+    assert f"{str(tmp_path / 'gone')!r}: no such run directory" in capsys.readouterr().err
