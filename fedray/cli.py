@@ -301,42 +301,27 @@ def _cmd_report(args) -> int:
 
     from fedray.reporting.report import report
 
-    if args.sweep:
-        from fedray.apps.sweep import tables_of
-        from fedray.config import ConfigError
-
-        if args.metric != "accuracy" or args.target is not None:
-            print("fedray report: error: with --sweep the tables are the sweep file's (its metrics and target)",
-                  file=sys.stderr)
-            return 2
-        try:
-            text, files = tables_of(args.sweep, args.runs, args.out or "report")
-        except ConfigError as e:
-            print(f"fedray report: error: {e}", file=sys.stderr)
-            return 2
-        print(text)
-        for f in files:
-            print(f"wrote {f}")
-        return 0
-    if len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.json").is_file():
-        from fedray.apps.sweep import rebuild_report
-
-        if args.out or args.metric != "accuracy" or args.target is not None:
-            print("fedray report: error: a sweep directory's tables and report are rebuilt in place from its sweep "
-                  "file's tables: --out, --metric and --target apply to run directories", file=sys.stderr)
-            return 2
-
-        text, files = rebuild_report(args.runs[0])
-        print(text)
-        for f in files:
-            print(f"wrote {f}")
-        return 0
+    default_table = args.metric == "accuracy" and args.target is None
     try:
-        table, files = report(args.runs, args.out, metric=args.metric, target=args.target)
-    except ValueError as e:
+        if args.sweep:
+            from fedray.apps.sweep import tables_of
+
+            if not default_table:
+                raise ValueError("with --sweep the tables are the sweep file's (its metrics and target)")
+            text, files = tables_of(args.sweep, args.runs, args.out or "report")
+        elif len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.json").is_file():
+            from fedray.apps.sweep import rebuild_report
+
+            if args.out or not default_table:
+                raise ValueError("a sweep directory's tables and report are rebuilt in place from its sweep file's "
+                                 "tables: --out, --metric and --target apply to run directories")
+            text, files = rebuild_report(args.runs[0])
+        else:
+            text, files = report(args.runs, args.out, metric=args.metric, target=args.target)
+    except ValueError as e:  # ConfigError included
         print(f"fedray report: error: {e}", file=sys.stderr)
         return 2
-    print(table)
+    print(text)
     for f in files:
         print(f"wrote {f}")
     return 0
