@@ -85,3 +85,26 @@ def test_unpack_adds_runs_and_never_replaces_one(tmp_path):
     with pytest.raises(SystemExit, match="unexpected member"):
         fidelity.main(["unpack", str(bad), "--into", str(into)])
     assert not (into / "scala_fmnist" / "scala-ccc").exists()
+
+
+def test_harvest_adds_a_sweeps_finished_runs_and_never_replaces_one(tmp_path):
+    sweep = tmp_path / "sweep"
+    for name, status in (("scala-aaa", "finished"), ("fedavg-bbb", "running"), ("fedla-ccc", "finished")):
+        run = sweep / "runs" / name
+        run.mkdir(parents=True)
+        for f in fidelity.SMALL:
+            (run / f).write_text(f"{name} {f}")
+        (run / "run.json").write_text(json.dumps({"status": status}))  # no owner: a running record stays running
+        (run / "final_weights.npy").write_bytes(b"0")
+    (sweep / "sweep.json").write_text(json.dumps({"name": "scala_fmnist"}))
+    into = tmp_path / "results"
+    (into / "scala_fmnist" / "fedla-ccc").mkdir(parents=True)
+    (into / "scala_fmnist" / "fedla-ccc" / "summary.json").write_text("kept")
+    assert fidelity.main(["harvest", str(sweep), "--into", str(into)]) == 0
+    got = into / "scala_fmnist"
+    assert sorted(p.name for p in got.iterdir()) == ["fedla-ccc", "scala-aaa"]
+    assert sorted(p.name for p in (got / "scala-aaa").iterdir()) == sorted(fidelity.SMALL)  # no weights
+    assert (got / "scala-aaa" / "metrics.jsonl").read_text() == "scala-aaa metrics.jsonl"
+    assert (got / "fedla-ccc" / "summary.json").read_text() == "kept"
+    with pytest.raises(SystemExit, match="not a fedray sweep output directory"):
+        fidelity.main(["harvest", str(tmp_path / "results"), "--into", str(into)])

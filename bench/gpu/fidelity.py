@@ -24,6 +24,9 @@ for ``unpack`` as on the GPU:
         --expect 1800 --out /tmp/fid
     python bench/gpu/fidelity.py unpack /tmp/fid
 
+Runs of ``fedray sweep`` itself (on Ray, with checkpoints, on a machine that keeps its files) reach docs/results the
+same way: ``python bench/gpu/fidelity.py harvest runs/sweeps/scala_fmnist``.
+
 ``$OUT`` gets three files: ``fidelity.json`` (every point: its values, status, seconds, accuracy), ``fidelity.log``
 and ``fidelity-runs.tar.gz`` (config.yaml, metrics.jsonl, run.json and summary.json of every finished run).
 ``run --dry`` runs the same on the CPU with tiny sizes (a check of the script here).
@@ -285,6 +288,21 @@ def run(args) -> int:
     return 0 if all(e["status"] != "failed" for e in record["runs"]) else 1
 
 
+def _add_run(into: Path, rel: Path, files: dict[str, bytes], where: str) -> None:
+    """One run's small outputs into ``into/rel`` (``<sweep>/<run name>``), whole or not at all (a temporary folder
+    renamed); a run directory already there is never replaced."""
+    if (into / rel).exists():
+        log(f"{into / rel} exists: kept as it is, the copy in {where} left out")
+        return
+    tmp = into / rel.parent / f".{rel.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    tmp.replace(into / rel)
+    log(f"{into / rel}")
+
+
 def unpack(args) -> int:
     src = Path(args.files)
     tar_path = src / "fidelity-runs.tar.gz" if src.is_dir() else src
@@ -295,22 +313,37 @@ def unpack(args) -> int:
             parts = Path(m.name).parts
             if len(parts) != 3 or parts[2] not in SMALL or ".." in parts:
                 raise SystemExit(f"{tar_path}: unexpected member {m.name!r}")
-        runs = sorted({Path(m.name).parent for m in members})
-        taken = [r for r in runs if (into / r).exists()]
-        for r in runs:
-            if r in taken:
-                log(f"{into / r} exists: kept as it is, the archive's copy left out")
-                continue
-            tmp = into / r.parent / f".{r.name}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+        for r in sorted({Path(m.name).parent for m in members}):
+            files = {}
             for m in members:
                 if Path(m.name).parent == r:
                     f = tar.extractfile(m)
                     assert f is not None
-                    (tmp / Path(m.name).name).write_bytes(f.read())
-            tmp.replace(into / r)
-            log(f"{into / r}")
+                    files[Path(m.name).name] = f.read()
+            _add_run(into, r, files, str(tar_path))
+    return 0
+
+
+def harvest(args) -> int:
+    """The finished runs of a ``fedray sweep`` output directory (``runs/*``) into docs/results/<sweep>/, as
+    ``unpack`` adds a device's: the small outputs only, a run directory there never replaced."""
+    from fedray.core.owner import read_run_status
+
+    sweep_dir = Path(args.sweep_dir)
+    record = sweep_dir / "sweep.json"
+    if not record.is_file():
+        raise SystemExit(f"{sweep_dir}: not a fedray sweep output directory (no sweep.json)")
+    name = json.loads(record.read_text())["name"]
+    added = 0
+    for rd in sorted((sweep_dir / "runs").glob("*/run.json")):
+        run = rd.parent
+        if read_run_status(run)[1] != "finished" or not all((run / f).is_file() for f in SMALL):
+            continue
+        rel = Path(name) / run.name
+        if not (Path(args.into) / rel).exists():
+            added += 1
+        _add_run(Path(args.into), rel, {f: (run / f).read_bytes() for f in SMALL}, str(sweep_dir))
+    log(f"{added} finished runs of {name} added to {Path(args.into) / name}")
     return 0
 
 
@@ -337,8 +370,11 @@ def main(argv=None) -> int:
     a = sub.add_parser("unpack", help="the finished runs' small outputs into docs/results/<sweep>/")
     a.add_argument("files", help="the folder the device returned (or the archive)")
     a.add_argument("--into", default=str(ROOT / "docs" / "results"))
+    a = sub.add_parser("harvest", help="a fedray sweep directory's finished runs into docs/results/<sweep>/")
+    a.add_argument("sweep_dir", help="the sweep's output directory (sweep.json, runs/)")
+    a.add_argument("--into", default=str(ROOT / "docs" / "results"))
     args = ap.parse_args(argv)
-    return {"prepare": prepare, "run": run, "unpack": unpack}[args.cmd](args)
+    return {"prepare": prepare, "run": run, "unpack": unpack, "harvest": harvest}[args.cmd](args)
 
 
 if __name__ == "__main__":
