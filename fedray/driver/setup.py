@@ -159,9 +159,11 @@ def record_device(run: Run, device: dict) -> None:
     ``engine.device: auto`` is not part of a run's name, yet a run on the CPU and the same run on a GPU give
     different numbers (docs/gpu.md): a resume whose rounds so far ran on another kind of device (cpu against cuda)
     would be bit for bit neither run, so it is refused here, before any round, naming both. The record keeps the
-    earlier device until this check passes, so a refused attempt leaves it as it was."""
+    earlier device until this check passes, so a refused attempt leaves it as it was. A session none of whose
+    workers answered the question (all lost while starting: the rounds replace them) records none to compare."""
     before = run.device_before
-    if before is not None and device_kinds(before) != device_kinds(device):
+    # a session in which no worker answered has nothing to compare
+    if before is not None and before["workers"] and device["workers"] and device_kinds(before) != device_kinds(device):
         raise ConfigError(
             f"--resume {run.rd.path}: its rounds so far trained on {describe_device(before)}, this session would "
             f"train on {describe_device(device)} (engine.device: {run.cfg.engine.device}); CPU and GPU runs of "

@@ -78,9 +78,9 @@ class Coordinator:
         """The pool's size, the model's size, and what the run trains on: this coordinator's device (the server
         model of a split program, the evaluation's shards in-process) and its workers' (the driver records it in
         ``run.json`` and refuses a resume on another kind: :func:`fedray.driver.setup.record_device`)."""
+        workers = self.pool.call_all("device", timeout=float(self.cfg.engine.start_timeout_s), skip_lost=True)
         return {"workers": self.pool.size, "num_params": int(self.replica.flat.layout.size),
-                "device": {"coordinator": device_name(self.replica.device),
-                           "workers": sorted(set(self.pool.call_all("device")))}}
+                "device": {"coordinator": device_name(self.replica.device), "workers": sorted(set(workers))}}
 
     def pid(self) -> int:
         """This process's id (the tests kill it)."""

@@ -177,7 +177,7 @@ class LocalPool(PoolBase):
     def cancel(self, handles: list) -> None:
         return None
 
-    def call_all(self, method: str, timeout: float | None = None) -> list:
+    def call_all(self, method: str, timeout: float | None = None, skip_lost: bool = False) -> list:
         return [getattr(w, method)() for w in self.workers]
 
     def shutdown(self) -> None:
@@ -460,9 +460,22 @@ class RayPool:
             except Exception:  # noqa: BLE001
                 pass
 
-    def call_all(self, method: str, timeout: float | None = None) -> list:
-        """``ClientWorker.<method>()`` on every live worker, in slot order."""
-        return self.ray.get([getattr(self.workers[i], method).remote() for i in self.slots], timeout=timeout)
+    def call_all(self, method: str, timeout: float | None = None, skip_lost: bool = False) -> list:
+        """``ClientWorker.<method>()`` on every live worker, in slot order. ``skip_lost``: the answers of the
+        workers that gave one within ``timeout``, a worker that died or did not answer left out (the rounds find
+        and replace it) instead of raising."""
+        refs = [getattr(self.workers[i], method).remote() for i in self.slots]
+        if not skip_lost:
+            return self.ray.get(refs, timeout=timeout)
+        done = set(self.ray.wait(refs, num_returns=len(refs), timeout=timeout)[0])
+        out = []
+        for ref in refs:
+            try:
+                if ref in done:
+                    out.append(self.ray.get(ref))
+            except Exception:  # noqa: BLE001 - a worker lost here is the rounds' to replace
+                continue
+        return out
 
     def _kill(self, actor) -> None:
         try:

@@ -139,3 +139,36 @@ def test_a_replacement_that_died_otherwise_is_started_again(monkeypatch, last, i
     p = _pool_whose_replacement_died(monkeypatch, _DiedStarting(last, init_failed))
     p.poll(respawn=True)
     assert p.restarts == 2 and p.names[-1] == "w0.2" and "died starting" in p.lost[-1]
+
+
+def test_asking_every_worker_with_skip_lost_leaves_out_a_dead_and_a_silent_one():
+    """``call_all(..., skip_lost=True)`` (the coordinator's question of what the workers train on): the answers of
+    the workers that gave one; a worker that died (its call raises) or did not answer in time is left out, not
+    raised, and without ``skip_lost`` the error is Ray's as before."""
+    refs = {}
+
+    def actor(name):
+        a = _Actor(name)
+        refs[name] = _Ref()
+        a.device = type("M", (), {"remote": staticmethod(lambda: refs[name])})()
+        return a
+
+    p = RayPool.__new__(RayPool)
+    p.workers = [actor("w0"), actor("w1"), actor("w2")]
+    p.live = [True, True, True]
+
+    class Ray:
+        def wait(self, got, num_returns=1, timeout=None):
+            return [r for r in got if r is not refs["w2"]], [refs["w2"]]  # w2 never answers
+
+        def get(self, ref, timeout=None):
+            if isinstance(ref, list):
+                return [self.get(r) for r in ref]
+            if ref is refs["w1"]:
+                raise RuntimeError("w1 died")
+            return "cpu"
+
+    p.ray = Ray()
+    assert p.call_all("device", timeout=1.0, skip_lost=True) == ["cpu"]
+    with pytest.raises(RuntimeError, match="w1 died"):
+        p.call_all("device", timeout=1.0)
