@@ -202,11 +202,14 @@ def tables_of(sweep_file: str | Path, run_dirs: list[str | Path], out: str | Pat
     if not spec.tables:
         raise ConfigError(f"{sweep_file}: the sweep file has no tables: (nothing to make)")
     names = {p.run_dir.name: p for p in spec.points}
+    own = {(Path(out) / "tables.md").resolve(), (Path(out) / "tables").resolve()}  # what an earlier call wrote here
     done, notes = [], []
     for d in run_dirs:
         path = Path(d)
         if not path.exists():
             raise ConfigError(f"{str(d)!r}: no such run directory")
+        if path.resolve() in own:  # `--out docs/results/<sweep>` over `docs/results/<sweep>/*`
+            continue
         if not (path / "config.yaml").is_file():  # a glob over a results folder also names its tables.md, tables/
             notes.append(f"{path}: not a run directory (no config.yaml), left out")
         elif path.name not in names:

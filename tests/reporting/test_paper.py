@@ -5,6 +5,7 @@ the FedCCL Table 4 runs kept in docs/results."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -117,6 +118,14 @@ def test_report_sweep_makes_the_paper_table_of_the_runs_kept_in_docs_results(tmp
     assert "| fedccl > fpl | source=fashion-mnist | -0.40 |  | **no** | +5.50 |  |" in text
     assert "- **fedccl above every other row**: held in 9, failed in 1" in text
     assert (tmp_path / "rep" / "tables" / "accuracy.mean_last5.csv").is_file()
+    # made again into the folder it reads (docs/results/<sweep>/* with --out docs/results/<sweep>): its own
+    # tables.md and tables/ are not taken for runs
+    for r in runs:
+        if (Path(r) / "config.yaml").is_file():
+            (tmp_path / "rep" / Path(r).name).symlink_to(r)
+    assert cli(["report", "--sweep", str(ROOT / "jobs/sweeps/fedccl_table4.yaml"),
+                *sorted(str(p) for p in (tmp_path / "rep").iterdir()), "--out", str(tmp_path / "rep")]) == 0
+    assert "tables" not in "".join(line for line in capsys.readouterr().out.splitlines() if line.startswith("note"))
     assert cli(["report", "--sweep", str(ROOT / "jobs/sweeps/fedccl_table4.yaml"), other,
                 "--out", str(tmp_path / "none")]) == 2
     assert "none of the 1 run directories is a finished point of fedccl_table4" in capsys.readouterr().err
