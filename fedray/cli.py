@@ -475,10 +475,8 @@ def _add_report_commands(sub) -> None:
                                      "accuracy and feature-analysis metrics when the runs logged them.")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
     rep.add_argument("--out", help="output directory (default RUN_DIR/report, or ./report for several runs)")
-    rep.add_argument("--sweep", metavar="SWEEP.yaml",
-                     help="make this sweep file's tables (and its paper: comparison) of those RUN_DIRs that are "
-                          "its finished points, wherever they lie (e.g. docs/results/<sweep>/*), into --out "
-                          "(default ./report)")
+    rep.add_argument("--sweep", metavar="SWEEP.yaml", help="this sweep file's tables (and paper: comparison) of "
+                     "those RUN_DIRs that are its finished points, wherever they lie, into --out (default ./report)")
     rep.add_argument("--metric", default="accuracy",
                      help="what the cells of the methods x settings table (table.md/csv/tex) show, mean ± std "
                           "over seeds: accuracy (final, the default), ema_accuracy, best_accuracy, "
